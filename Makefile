@@ -1,0 +1,40 @@
+# Everything a fresh machine needs: `make run` and `make test` install what they use.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# The CPU wheel; the package metadata accepts a range so GPU users keep their own torch.
+TORCH_PIN ?= torch==2.13.0
+REPORT_DIR ?= reports/reference
+
+.PHONY: install run test generate check verify bench clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e .
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(VENV)/bin/conformance run --impl reference --report-dir $(REPORT_DIR)
+
+test: install
+	$(PY) -m pytest -n auto -q
+
+generate: install
+	$(VENV)/bin/conformance generate
+
+check: install
+	$(VENV)/bin/conformance generate --check
+
+verify: install
+	$(VENV)/bin/conformance verify
+
+bench: install
+	$(PY) benchmarks/run_overhead.py
+	$(PY) benchmarks/topk.py
+
+clean:
+	rm -rf $(VENV) reports *.egg-info

@@ -1,0 +1,190 @@
+"""The `conformance` command (also `python -m harness`).
+
+Exit codes: 0 everything passed; 1 a case failed, drifted or a floor was missed; 2 a usage or
+configuration error (bad flag, malformed conformance.yaml, unknown --impl).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from .errors import HarnessError, UsageError
+from .ids import parse_select
+
+
+def _config(path: str | None):
+    from .config import load_config
+
+    return load_config(Path(path) if path else None)
+
+
+def _fail_usage(exc: Exception) -> None:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(2)
+
+
+config_option = click.option("--config", "config_path", default=None, help="path to conformance.yaml (default: search upwards)")
+select_option = click.option("--select", "-s", multiple=True, help="shell-style patterns over case ids (repeat or comma separate)")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="v41-conformance")
+def main() -> None:
+    """Golden-data conformance harness for DeepSeek-V4.1 compressed attention."""
+
+
+@main.command()
+@click.option("--impl", required=True, help="reference, a name from conformance.yaml, an entry point, pkg.mod:attr or file.py:attr")
+@select_option
+@click.option("--report-dir", default="reports/latest", show_default=True, type=click.Path(file_okay=False))
+@click.option("-n", "workers", default="0", show_default=True, help="pytest-xdist workers: a number or auto")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N")
+@click.option("--timeout", type=float, default=None, help="seconds per case (default: conformance.yaml's timeout)")
+@click.option("--no-isolate", is_flag=True, help="run the implementation in the worker itself (faster, not crash-safe)")
+@click.option("--shard", default=None, help="I/N: run only shard I of N (deterministic split by case id)")
+@config_option
+def run(impl, select, report_dir, workers, device, timeout, no_isolate, shard, config_path):
+    """Run an implementation against the goldens and write the conformance report."""
+    from .report import render_table, write_reports
+    from .session import RunOptions
+    from .session import run as run_session
+
+    try:
+        config = _config(config_path)
+        _check_device(device)
+        options = RunOptions(impl=impl, select=parse_select(select), report_dir=Path(report_dir), workers=str(workers),
+                             device=device, timeout=timeout, isolate=not no_isolate, shard=_parse_shard(shard))
+        doc = run_session(config, options)
+    except HarnessError as exc:
+        _fail_usage(exc)
+    write_reports(doc, Path(report_dir))
+    click.echo(render_table(doc))
+    click.echo(f"reports: {Path(report_dir) / 'results.json'}, summary.md, junit.xml, report.html")
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        with open(step_summary, "a") as fh:
+            fh.write((Path(report_dir) / "summary.md").read_text())
+    sys.exit(doc["exit_code"])
+
+
+def _parse_shard(shard: str | None):
+    if not shard:
+        return None
+    try:
+        index, count = (int(x) for x in shard.split("/"))
+    except ValueError:
+        raise UsageError(f"--shard {shard!r}: expected I/N, for example 1/4") from None
+    if not (count >= 1 and 1 <= index <= count):
+        raise UsageError(f"--shard {shard!r}: need 1 <= I <= N")
+    return index, count
+
+
+def _check_device(device: str) -> None:
+    if device == "cpu":
+        return
+    if not (device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise UsageError(f"--device {device!r}: expected cpu, cuda or cuda:N")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: no CUDA device is available to this torch "
+                         f"({torch.__version__}); run on a GPU machine or use --device cpu")
+    if ":" in device and int(device[5:]) >= torch.cuda.device_count():
+        raise UsageError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
+
+
+@main.command()
+@select_option
+@click.option("--check", is_flag=True, help="regenerate in memory and report drift against the frozen goldens; write nothing")
+@config_option
+def generate(select, check, config_path):
+    """Write goldens from the reference (or, with --check, prove they still match it)."""
+    from .generate import generate as run_generate
+    from .generate import print_progress
+
+    try:
+        config = _config(config_path)
+        report = run_generate(config, parse_select(select), check=check, progress=print_progress())
+    except HarnessError as exc:
+        _fail_usage(exc)
+    for case_id, problem in report.errors.items():
+        click.echo(f"ERROR {case_id}: {problem}", err=True)
+    for case_id, drift in report.drift.items():
+        click.echo(f"DRIFT {case_id}: {drift}")
+    if check:
+        click.echo(f"checked {len(report.unchanged) + len(report.drift)} golden(s): {len(report.unchanged)} identical, "
+                   f"{len(report.drift)} drifted, {len(report.errors)} error(s)")
+    else:
+        click.echo(f"wrote {len(report.written)}, unchanged {len(report.unchanged)}, removed {len(report.removed)}, "
+                   f"errors {len(report.errors)}")
+    sys.exit(0 if report.ok else 1)
+
+
+@main.command()
+@config_option
+def verify(config_path):
+    """Check every golden against MANIFEST.json and the schema."""
+    from .generate import verify as run_verify
+    from .golden import read_manifest
+
+    try:
+        config = _config(config_path)
+        problems = run_verify(config)
+        count = len(set(read_manifest(config.goldens)))
+    except HarnessError as exc:
+        _fail_usage(exc)
+    for case_id, problem in problems.items():
+        click.echo(f"BAD {case_id}: {problem}")
+    click.echo(f"verified {count} manifest entr{'y' if count == 1 else 'ies'}: {len(problems)} problem(s)")
+    sys.exit(1 if problems else 0)
+
+
+@main.command(name="list")
+@select_option
+@click.option("--components", "only_components", is_flag=True, help="list components with their outputs and policies")
+@config_option
+def list_cases(select, only_components, config_path):
+    """List components and cases."""
+    from .cases import load_cases
+    from .registry import components
+
+    try:
+        config = _config(config_path)
+        registry = components()
+        if only_components:
+            for name, comp in sorted(registry.items()):
+                click.echo(f"{name}: {comp.summary} [{comp.upstream}]")
+                for out in comp.outputs:
+                    click.echo(f"    out.{out.name}: {config.policy(comp, out.name).describe()}")
+            return
+        specs = load_cases(config.cases, parse_select(select))
+    except HarnessError as exc:
+        _fail_usage(exc)
+    by_component: dict[str, int] = {}
+    for spec in specs:
+        click.echo(spec.id)
+        by_component[spec.component] = by_component.get(spec.component, 0) + 1
+    click.echo(f"{len(specs)} case(s) in {len(by_component)} component(s)", err=True)
+
+
+@main.command()
+@click.argument("report_dir", type=click.Path(file_okay=False))
+def report(report_dir):
+    """Re-render summary.md, junit.xml, report.html and the table from REPORT_DIR/results.json."""
+    from .report import read_results, render_table, write_reports
+
+    try:
+        doc = read_results(Path(report_dir))
+    except HarnessError as exc:
+        _fail_usage(exc)
+    write_reports(doc, Path(report_dir))
+    click.echo(render_table(doc))
+    sys.exit(doc["exit_code"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""Numeric components: the e2m1 rounding, the three fake-quantisers, linear.f32 and norm.rms.
+
+Upstream: kernel.py `fp4_act_quant` (K41:116-199), `act_quant` (K41:41-113), model.py RMSNorm
+(M:281-293) and the fp32 compressor projections (M:439-485). See docs/v41-reference.md §3.3, §6.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import CaseSpecError
+from ..reference import numerics as nx
+from ..registry import Component, OutputSpec, register
+from .build import dtype_of, need, normal, tile_to, uniform
+
+E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+# --- quant.e2m1 ----------------------------------------------------------------------------
+
+
+def _e2m1_inputs(params, build, gen):
+    kind = build.get("kind", "uniform")
+    if kind == "midpoints":
+        values = [0.0, -0.0, 6.0, -6.0, *nx.E2M1_GRID]
+        for m in E2M1_MIDPOINTS:
+            below = torch.nextafter(torch.tensor(m), torch.tensor(0.0)).item()
+            above = torch.nextafter(torch.tensor(m), torch.tensor(7.0)).item()
+            values += [m, -m, below, -below, above, -above]
+        return {"v": torch.tensor(values, dtype=torch.float32)}
+    if kind == "uniform":
+        return {"v": uniform(gen, need(build, "shape", "quant.e2m1"), -6.0, 6.0)}
+    if kind == "bf16":
+        return {"v": uniform(gen, need(build, "shape", "quant.e2m1"), -6.0, 6.0).to(torch.bfloat16).float()}
+    raise CaseSpecError(f"quant.e2m1: unknown build kind {kind!r} (midpoints, uniform, bf16)")
+
+
+def _e2m1_reference(inputs, params):
+    y = nx.e2m1_round(inputs["v"])
+    return {"codes": nx.e2m1_encode(y), "y": y}
+
+
+register(Component(
+    name="quant.e2m1",
+    summary="round fp32 values in [-6, 6] onto the e2m1 grid, ties to the even code, sign and -0 kept",
+    upstream="K41:116-199 (T.Cast to FP4)",
+    inputs=("v",),
+    outputs=(OutputSpec("codes", "exact", "uint8 e2m1 codes: bit 3 sign, bits 0-2 magnitude index"),
+             OutputSpec("y", "exact", "fp32 grid values (sign kept)")),
+    build=_e2m1_inputs,
+    reference=_e2m1_reference,
+    floor=3,
+))
+
+
+# --- the three block quantisers -------------------------------------------------------------
+
+
+def _quant_inputs(block: int, top: float, component: str):
+    """Builder for a block quantiser whose block maximum maps to `top` when the scale is 1."""
+
+    def build_inputs(params, build, gen):
+        kind = build.get("kind", "normal")
+        shape = list(need(build, "shape", component))
+        if shape[-1] % block:
+            raise CaseSpecError(f"{component}: last dim {shape[-1]} is not a multiple of the block {block}")
+        if kind == "normal":
+            x = normal(gen, shape, 1.0, torch.float32)
+            rows = torch.tensor([float(s) for s in build.get("row_scales", [1.0])], dtype=torch.float32)
+            x = x * rows.repeat(-(-shape[0] // len(rows)))[: shape[0]].reshape(-1, *([1] * (len(shape) - 1)))
+            return {"x": x.to(torch.bfloat16)}
+        if kind == "log_uniform":
+            mag = torch.exp2(uniform(gen, shape, float(build.get("low_exp", -20)), float(build.get("high_exp", 10))))
+            sign = torch.where(torch.rand(tuple(shape), generator=gen) < 0.5, -1.0, 1.0)
+            return {"x": (mag * sign).to(torch.bfloat16)}
+        if kind == "zero_blocks":
+            x = normal(gen, shape, 1.0, torch.float32)
+            blocks = x.reshape(*shape[:-1], shape[-1] // block, block)
+            blocks[..., ::2, :] = 0.0  # every other block all zero (a -0 block among them)
+            blocks[..., 0, :1] = -0.0
+            return {"x": blocks.reshape(shape).to(torch.bfloat16)}
+        if kind == "boundary":
+            values = [float(v) for v in need(build, "values", component)]
+            rows = tile_to(values, [shape[0], shape[-1]])
+            rows.view(-1, block)[:, 0] = top  # pin each block's max so its scale is exactly 1
+            return {"x": rows.reshape(shape).to(torch.bfloat16)}
+        if kind == "scaled":  # whole blocks at a given amax (subnormal scales, saturation)
+            amaxes = [float(a) for a in need(build, "amax", component)]
+            x = uniform(gen, shape, -1.0, 1.0)
+            blocks = x.reshape(-1, block)
+            blocks[:, 0] = 1.0
+            amax = tile_to(amaxes, [blocks.shape[0], 1])
+            return {"x": (blocks * amax).reshape(shape).to(torch.bfloat16)}
+        raise CaseSpecError(f"{component}: unknown build kind {kind!r} (normal, log_uniform, zero_blocks, boundary, scaled)")
+
+    return build_inputs
+
+
+def _quant_reference(fn):
+    def reference(inputs, params):
+        result = fn(inputs["x"])
+        return {"y": result.y, "codes": result.codes, "scale_bytes": result.scale_bytes}
+
+    return reference
+
+
+QUANT_OUTPUTS = (
+    OutputSpec("y", "exact", "bf16 dequantised values, as the reference writes them back in place"),
+    OutputSpec("codes", "exact", "uint8 per element: e2m1 code (fp4) or float8_e4m3fn bits (fp8)"),
+    OutputSpec("scale_bytes", "exact", "uint8 per block: e4m3fn bits or e8m0 biased exponent"),
+)
+
+register(Component(
+    name="quant.fp4_e4m3",
+    summary="fp4 QDQ, block 16, e4m3 scales e4m3(amax/6), amax floor 6*2^-9 (compressed KV)",
+    upstream="K41:158-161, 165-170; M:760",
+    inputs=("x",), outputs=QUANT_OUTPUTS,
+    build=_quant_inputs(16, 6.0, "quant.fp4_e4m3"),
+    reference=_quant_reference(nx.fp4_qdq_e4m3), floor=4,
+))
+register(Component(
+    name="quant.fp4_e8m0",
+    summary="fp4 QDQ, block 32, power-of-two scales ceil2(amax*fp32(1/6)), floor 6*2^-126 (indexer q, k)",
+    upstream="K41:163-170; M:546, M:552",
+    inputs=("x",), outputs=QUANT_OUTPUTS,
+    build=_quant_inputs(32, 6.0, "quant.fp4_e8m0"),
+    reference=_quant_reference(nx.fp4_qdq_e8m0), floor=4,
+))
+register(Component(
+    name="quant.fp8_ue8m0",
+    summary="fp8 e4m3 QDQ, block 32, power-of-two scales ceil2(amax*fp32(1/448)), amax floor 1e-4 (window KV)",
+    upstream="K41:41-113; M:700-720",
+    inputs=("x",), outputs=QUANT_OUTPUTS,
+    build=_quant_inputs(32, 448.0, "quant.fp8_ue8m0"),
+    reference=_quant_reference(nx.fp8_qdq_ue8m0), floor=4,
+))
+
+
+# --- linear.f32 and norm.rms ----------------------------------------------------------------
+
+
+def _linear_inputs(params, build, gen):
+    m, k, n = (int(v) for v in need(build, "mkn", "linear.f32"))
+    scale = float(build.get("w_scale", k ** -0.5))
+    x = normal(gen, [m, k], float(build.get("x_scale", 1.0)), torch.float32)
+    w = normal(gen, [n, k], scale, torch.float32)
+    if build.get("bf16_valued", True):  # as the compressor: bf16 activations and checkpoint weights
+        x, w = x.to(torch.bfloat16).float(), w.to(torch.bfloat16).float()
+    return {"x": x, "w": w}
+
+
+register(Component(
+    name="linear.f32",
+    summary="fp32 x @ w.T (the ratio-2 compressor's wkv and wgate on the fp32 input)",
+    upstream="M:439-485 (Compressor wkv/wgate, fp32)",
+    inputs=("x", "w"),
+    outputs=(OutputSpec("y", "f32", "fp32 [m, n]"),),
+    build=_linear_inputs,
+    reference=lambda inputs, params: {"y": nx.linear_f32(inputs["x"], inputs["w"])},
+    floor=3,
+))
+
+
+def _norm_inputs(params, build, gen):
+    shape = list(need(build, "shape", "norm.rms"))
+    dtype = dtype_of(build.get("dtype", "bf16"))
+    x = normal(gen, shape, 1.0, torch.float32)
+    scales = [float(s) for s in build.get("row_scales", [1.0])]
+    x = x * tile_to(scales, [shape[0], 1])
+    if build.get("zero_row", False):
+        x[0] = 0.0
+    weight = (1.0 + 0.25 * torch.randn(shape[-1], generator=gen)).to(torch.bfloat16)
+    return {"x": x.to(dtype), "weight": weight}
+
+
+register(Component(
+    name="norm.rms",
+    summary="RMSNorm: fp32 inside, weight promoted, one cast back to the input dtype; eps 1e-20",
+    upstream="M:281-293",
+    inputs=("x", "weight"),
+    outputs=(OutputSpec("y", "bf16", "same dtype as x"),),
+    build=_norm_inputs,
+    reference=lambda inputs, params: {"y": nx.rms_norm(inputs["x"], inputs["weight"], float(params.get("eps", 1e-20)))},
+    floor=3,
+))

@@ -1,0 +1,77 @@
+"""RoPE components: the YaRN table and the interleaved rotation of the last rope dims.
+
+Upstream: `precompute_freqs_cis` (M:368-389) and `apply_rotary_emb` (M:392-406); see
+docs/v41-reference.md §2 and Appendix B.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..reference import rope as rp
+from ..registry import Component, OutputSpec, register
+from .build import need, normal
+
+TABLE_PARAMS = ("dim", "base", "original_seq_len", "factor", "beta_fast", "beta_slow")
+
+
+def _table_args(params: dict) -> dict:
+    return {
+        "dim": int(params["dim"]),
+        "base": float(params["base"]),
+        "original_seq_len": int(params.get("original_seq_len", 0)),
+        "factor": float(params.get("factor", 16.0)),
+        "beta_fast": float(params.get("beta_fast", 32.0)),
+        "beta_slow": float(params.get("beta_slow", 1.0)),
+    }
+
+
+def _table_inputs(params, build, gen):
+    positions = [int(p) for p in need(build, "positions", "rope.yarn_table")]
+    return {"positions": torch.tensor(positions, dtype=torch.int64)}
+
+
+def _table_reference(inputs, params):
+    args = _table_args(params)
+    positions = inputs["positions"]
+    inv = rp.yarn_inv_freq(args["dim"], args["base"], args["original_seq_len"], args["factor"],
+                           args["beta_fast"], args["beta_slow"])
+    # Rows at the requested positions of the table upstream builds (angle = fp32(p) * inv).
+    angle = torch.outer(positions, inv)
+    table = torch.view_as_real(torch.polar(torch.ones_like(angle), angle)).contiguous()
+    return {"inv_freq": inv, "table": table}
+
+
+register(Component(
+    name="rope.yarn_table",
+    summary="YaRN inverse frequencies and the (cos, sin) rows at given positions",
+    upstream="M:368-389",
+    inputs=("positions",),
+    outputs=(OutputSpec("inv_freq", "exact", "fp32 [dim/2]"),
+             OutputSpec("table", "exact", "fp32 [positions, dim/2, 2] = (cos, sin)")),
+    build=_table_inputs,
+    reference=_table_reference,
+    floor=3,
+))
+
+
+def _apply_inputs(params, build, gen):
+    shape = list(need(build, "shape", "rope.apply"))  # [b, s, d] or [b, s, h, d]
+    rope_dim = int(params["rope_dim"])
+    start = int(build.get("start", 0))
+    table = rp.freqs_table(rope_dim, start + shape[1], **{k: v for k, v in _table_args({**build, "dim": rope_dim}).items() if k != "dim"})
+    x = normal(gen, shape, float(build.get("scale", 1.0)))
+    return {"x": x, "table": table[start:start + shape[1]].contiguous()}
+
+
+register(Component(
+    name="rope.apply",
+    summary="rotate the last rope_dim channels as interleaved complex pairs (inverse: the conjugate)",
+    upstream="M:392-406",
+    inputs=("x", "table"),
+    outputs=(OutputSpec("y", "bf16", "bf16, same shape as x; leading channels untouched"),),
+    build=_apply_inputs,
+    reference=lambda inputs, params: {"y": rp.apply_rotary(inputs["x"], inputs["table"], int(params["rope_dim"]),
+                                                            bool(params.get("inverse", False)))},
+    floor=3,
+))

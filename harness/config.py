@@ -1,0 +1,140 @@
+"""`conformance.yaml`: where goldens and cases live, tolerances, floors, implementations.
+
+Every problem is a UsageError naming the file and the field, so the CLI exits 2 with a message
+that says what to fix. Tolerances resolve in this order (later wins): the registry's kind,
+`tolerances.defaults.<kind>`, `tolerances.components.<component>`,
+`tolerances.components.<component>.<output>`, then the implementation's own `tolerances` block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import UsageError
+from .policy import Policy
+from .registry import Component
+
+CONFIG_NAME = "conformance.yaml"
+TOP_KEYS = {"version", "goldens", "cases", "timeout", "tolerances", "floors", "impls"}
+IMPL_KEYS = {"python", "command", "batch", "kind", "device", "accept_ties", "expectations", "tolerances", "note", "options"}
+
+
+@dataclass
+class Config:
+    root: Path
+    goldens: Path
+    cases: Path
+    timeout: float = 120.0
+    tolerances: dict[str, Any] = field(default_factory=dict)
+    floors: dict[str, int] = field(default_factory=dict)
+    default_floor: int | None = None
+    impls: dict[str, dict[str, Any]] = field(default_factory=dict)
+    path: Path | None = None
+
+    def policy(self, component: Component, output: str, impl: dict[str, Any] | None = None) -> Policy:
+        spec = component.output_spec(output)
+        policy = spec.base_policy()
+        where = str(self.path or CONFIG_NAME)
+        defaults = (self.tolerances.get("defaults") or {}).get(spec.kind) or {}
+        policy = policy.with_overrides(defaults, f"{where}: tolerances.defaults.{spec.kind}")
+        per_component = (self.tolerances.get("components") or {}).get(component.name) or {}
+        flat = {k: v for k, v in per_component.items() if not isinstance(v, dict)}
+        policy = policy.with_overrides(flat, f"{where}: tolerances.components.{component.name}")
+        nested = per_component.get(spec.name)
+        if isinstance(nested, dict):
+            policy = policy.with_overrides(nested, f"{where}: tolerances.components.{component.name}.{spec.name}")
+        if impl:
+            if impl.get("accept_ties") and policy.kind == "index":
+                policy = policy.with_overrides({"accept_ties": True}, f"{where}: impls accept_ties")
+            own = ((impl.get("tolerances") or {}).get(component.name) or {})
+            own_flat = {k: v for k, v in own.items() if not isinstance(v, dict)}
+            policy = policy.with_overrides(own_flat, f"{where}: impl tolerances.{component.name}")
+        return policy
+
+    def floor(self, component: Component) -> int:
+        if component.name in self.floors:
+            return self.floors[component.name]
+        if self.default_floor is not None:
+            return self.default_floor
+        return component.floor
+
+
+def find_config(start: Path | None = None) -> Path | None:
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / CONFIG_NAME
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def load_config(path: Path | None = None) -> Config:
+    """Read `conformance.yaml` (found upwards from the cwd when `path` is None)."""
+    if path is None:
+        path = find_config()
+        if path is None:
+            raise UsageError(f"no {CONFIG_NAME} found in this folder or above; run from the project root or pass --config")
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"{path}: configuration file not found")
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{path}: malformed YAML: {exc}") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path}: top level must be a mapping, got {type(doc).__name__}")
+    unknown = set(doc) - TOP_KEYS
+    if unknown:
+        raise UsageError(f"{path}: unknown top-level key(s) {sorted(unknown)}; allowed: {sorted(TOP_KEYS)}")
+    root = path.resolve().parent
+    config = Config(
+        root=root,
+        goldens=root / _str(doc, "goldens", "goldens", path),
+        cases=root / _str(doc, "cases", "cases", path),
+        timeout=_number(doc, "timeout", 120.0, path),
+        tolerances=_mapping(doc, "tolerances", path),
+        impls=_mapping(doc, "impls", path),
+        path=path,
+    )
+    floors = _mapping(doc, "floors", path)
+    for key, value in floors.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise UsageError(f"{path}: floors.{key} must be a non-negative integer, not {value!r}")
+    config.default_floor = floors.pop("default", None)
+    config.floors = floors
+    for name, impl in config.impls.items():
+        if not isinstance(impl, dict):
+            raise UsageError(f"{path}: impls.{name} must be a mapping")
+        bad = set(impl) - IMPL_KEYS
+        if bad:
+            raise UsageError(f"{path}: impls.{name}: unknown key(s) {sorted(bad)}; allowed: {sorted(IMPL_KEYS)}")
+    for section in ("defaults", "components"):
+        value = config.tolerances.get(section, {})
+        if value is not None and not isinstance(value, dict):
+            raise UsageError(f"{path}: tolerances.{section} must be a mapping")
+    return config
+
+
+def _str(doc: dict, key: str, default: str, path: Path) -> str:
+    value = doc.get(key, default)
+    if not isinstance(value, str):
+        raise UsageError(f"{path}: {key} must be a path string, not {value!r}")
+    return value
+
+
+def _number(doc: dict, key: str, default: float, path: Path) -> float:
+    value = doc.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise UsageError(f"{path}: {key} must be a positive number of seconds, not {value!r}")
+    return float(value)
+
+
+def _mapping(doc: dict, key: str, path: Path) -> dict:
+    value = doc.get(key) or {}
+    if not isinstance(value, dict):
+        raise UsageError(f"{path}: {key} must be a mapping, not {type(value).__name__}")
+    return value

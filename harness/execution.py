@@ -1,0 +1,75 @@
+"""Executes cases for one run inside one process (a pytest worker or the CLI itself).
+
+`CaseExecutor` holds what every case of a run shares: the configuration, the manifest and the
+implementation. With `isolate` on (the default for `conformance run`), the implementation lives
+in a spawned child process (see `harness.isolation`): a crash or a hang becomes the `crash` or
+`timeout` status of that case and a fresh child takes the next one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .adapters.loader import ImplSpec, instantiate
+from .config import Config, load_config
+from .errors import GoldenError, HarnessError
+from .golden import read_manifest
+from .runner import CaseResult, run_case
+
+
+@dataclass
+class CaseExecutor:
+    config: Config
+    spec: ImplSpec
+    manifest: dict
+    device: str = "cpu"
+    timeout: float = 120.0
+    isolate: bool = False
+    _impl: Any = None
+    _pool: Any = None
+    _manifest_error: str = ""
+
+    @classmethod
+    def from_run(cls, run: dict) -> CaseExecutor:
+        config = load_config(Path(run["config"]))
+        spec = ImplSpec(**run["impl"])
+        try:
+            manifest = read_manifest(config.goldens)
+            problem = ""
+        except GoldenError as exc:
+            manifest, problem = {}, str(exc)
+        executor = cls(config, spec, manifest, run.get("device", "cpu"), float(run.get("timeout", config.timeout)),
+                       bool(run.get("isolate", False)))
+        executor._manifest_error = problem
+        return executor
+
+    def run(self, case_id: str) -> CaseResult:
+        if self._manifest_error:
+            from .ids import split_case_id
+
+            return CaseResult(case_id, split_case_id(case_id)[0], "error", f"golden: {self._manifest_error}")
+        if self.isolate:
+            return self._isolated(case_id)
+        return run_case(case_id, self.config, self.impl(), self.spec.name, self.manifest, self.spec.conf)
+
+    def impl(self):
+        if self._impl is None:
+            impl = instantiate(self.spec)
+            if self.device != "cpu":
+                from .adapters.device import DeviceAdapter
+
+                impl = DeviceAdapter(impl, self.device)
+            self._impl = impl
+        return self._impl
+
+    def _isolated(self, case_id: str) -> CaseResult:
+        if self._pool is None:
+            from .isolation import IsolatedWorker
+
+            self._pool = IsolatedWorker(self)
+        return self._pool.run(case_id)
+
+
+__all__ = ["CaseExecutor", "HarnessError"]

@@ -1,0 +1,246 @@
+"""Golden generation, the drift check, and verification.
+
+`generate` runs every selected case through the reference serially (one process, so files and
+the manifest are written once each, atomically) and writes `goldens/<component>/<case>.safetensors`
+and `goldens/MANIFEST.json`. Before a golden is written, its comparison policies must prove they
+reject trivial wrong answers: all zeros, the input copied, the reference scaled by (1 + 2^-6), and
+the previous case's golden, each where it differs from the reference. `check` regenerates in
+memory and reports drift against the frozen files without writing. `verify` checks every file
+against the manifest and the schema.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from . import __version__
+from .cases import CaseSpec, load_cases
+from .compare import compare_output
+from .config import Config
+from .errors import GoldenError, HarnessError
+from .golden import (
+    SCHEMA_VERSION, Golden, decode, discover, encode, golden_path, load_verified, manifest_entry,
+    read_manifest, write_atomic, write_manifest,
+)
+from .registry import Component, get
+
+SCALE = 1.0 + 2.0 ** -6
+
+
+class GenerationError(HarnessError):
+    """A case could not be generated, or its policy accepts a trivial wrong answer."""
+
+
+@dataclass
+class GenerateReport:
+    written: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    drift: dict[str, str] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.drift and not self.errors
+
+
+def build_golden(spec: CaseSpec, config: Config) -> Golden:
+    """Run one case through the reference and assemble its golden (not yet written)."""
+    component = get(spec.component)
+    inputs = component.build(dict(spec.params), dict(spec.build), spec.generator())
+    missing = [n for n in component.inputs if n not in inputs]
+    if missing:
+        raise GenerationError(f"{spec.id}: input builder did not produce {missing}")
+    frozen = {k: v.clone() for k, v in inputs.items()}
+    outputs = component.execute(component.reference, inputs, dict(spec.params))
+    aux = component.aux(frozen, dict(spec.params), outputs) if component.aux else {}
+    policies = {name: config.policy(component, name).to_json() for name in sorted(outputs)}
+    meta = {
+        "schema": SCHEMA_VERSION,
+        "case_id": spec.id,
+        "component": spec.component,
+        "params": spec.params,
+        "build": spec.build,
+        "seed": spec.seed,
+        "generator": f"v41-conformance {__version__}",
+        "torch": torch.__version__.split("+")[0],
+        "policies": policies,
+        "tensors": {f"out.{k}": _describe(v) for k, v in sorted(outputs.items())},
+        "upstream": component.upstream,
+    }
+    if component.notes:
+        meta["notes"] = component.notes
+    return Golden(frozen, outputs, aux, meta)
+
+
+def _describe(t: torch.Tensor) -> dict:
+    return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}
+
+
+def discrimination_problems(component: Component, golden: Golden, neighbour: Golden | None, config: Config) -> list[str]:
+    """Trivial wrong answers that a tolerance policy would accept (must be empty)."""
+    problems = []
+    params = golden.meta["params"]
+    for name, expected in sorted(golden.outputs.items()):
+        policy = config.policy(component, name)
+        for label, wrong in _wrong_answers(name, expected, golden, neighbour):
+            if wrong.dtype != expected.dtype or wrong.shape != expected.shape or torch.equal(_bits(wrong), _bits(expected)):
+                continue
+            verdict = compare_output(name, expected, wrong, policy, golden.aux, params)
+            if verdict.ok:
+                problems.append(f"output '{name}' accepts {label} under {policy.describe()}")
+    return problems
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype.is_floating_point else t
+
+
+def _wrong_answers(name: str, expected: torch.Tensor, golden: Golden, neighbour: Golden | None):
+    yield "all zeros", torch.zeros_like(expected)
+    for in_name, tensor in sorted(golden.inputs.items()):
+        if tensor.shape == expected.shape and tensor.dtype == expected.dtype:
+            yield f"the input '{in_name}' copied", tensor
+            break
+    if expected.dtype.is_floating_point:
+        yield "the reference times (1 + 2^-6)", (expected.double() * SCALE).to(expected.dtype)
+    if neighbour is not None and name in neighbour.outputs:
+        yield f"the golden of {neighbour.meta['case_id']}", neighbour.outputs[name]
+
+
+def generate(config: Config, select: list[str] | None = None, check: bool = False,
+             progress: Callable[[int, int, str], None] | None = None) -> GenerateReport:
+    specs = load_cases(config.cases, select)
+    report = GenerateReport()
+    manifest = read_manifest(config.goldens)
+    new_manifest = dict(manifest)
+    neighbours: dict[str, Golden] = {}
+    for i, spec in enumerate(specs):
+        if progress:
+            progress(i, len(specs), spec.id)
+        try:
+            golden = build_golden(spec, config)
+            component = get(spec.component)
+            problems = discrimination_problems(component, golden, neighbours.get(spec.component), config)
+            if problems:
+                raise GenerationError(
+                    f"{spec.id}: the comparison policy is too loose: " + "; ".join(problems)
+                    + ". Tighten tolerances in conformance.yaml."
+                )
+            neighbours[spec.component] = golden
+            data = encode(golden)
+        except HarnessError as exc:
+            report.errors[spec.id] = str(exc)
+            continue
+        except Exception as exc:  # a bug in a reference or builder: name the case
+            report.errors[spec.id] = f"{spec.id}: reference raised {type(exc).__name__}: {exc}"
+            continue
+        path = golden_path(config.goldens, spec.id)
+        if check:
+            drift = _drift(path, data, golden)
+            if drift:
+                report.drift[spec.id] = drift
+            else:
+                report.unchanged.append(spec.id)
+            continue
+        if path.exists() and path.read_bytes() == data:
+            report.unchanged.append(spec.id)
+        else:
+            write_atomic(path, data)
+            report.written.append(spec.id)
+        new_manifest[spec.id] = manifest_entry(config.goldens, spec.id, data)
+    if progress:
+        progress(len(specs), len(specs), "")
+    known = {s.id for s in specs}
+    if not select:
+        stale = sorted((set(manifest) | set(discover(config.goldens))) - known)
+        for case_id in stale:
+            if check:
+                report.drift[case_id] = "golden exists but no case spec produces it any more"
+                continue
+            path = golden_path(config.goldens, case_id)
+            if path.exists():
+                path.unlink()
+            new_manifest.pop(case_id, None)
+            report.removed.append(case_id)
+    if not check and (report.written or report.removed or new_manifest != manifest):
+        write_manifest(config.goldens, new_manifest)
+    return report
+
+
+def _drift(path, data: bytes, golden: Golden) -> str:
+    if not path.exists():
+        return f"{path}: no frozen golden (run `conformance generate`)"
+    old_bytes = path.read_bytes()
+    if old_bytes == data:
+        return ""
+    try:
+        old = decode(old_bytes, str(path))
+    except GoldenError as exc:
+        return str(exc)
+    lines = []
+    new_tensors, old_tensors = golden.tensors(), old.tensors()
+    for name in sorted(set(new_tensors) | set(old_tensors)):
+        if name not in old_tensors:
+            lines.append(f"{name}: new tensor")
+        elif name not in new_tensors:
+            lines.append(f"{name}: no longer produced")
+        else:
+            a, b = new_tensors[name], old_tensors[name]
+            if a.dtype != b.dtype or a.shape != b.shape:
+                lines.append(f"{name}: {b.dtype}{list(b.shape)} -> {a.dtype}{list(a.shape)}")
+            elif not torch.equal(_bits(a.contiguous()), _bits(b.contiguous())):
+                differ = int((_bits(a.contiguous()) != _bits(b.contiguous())).sum())
+                lines.append(f"{name}: {differ} element byte(s) differ")
+    for key in sorted(set(golden.meta) | set(old.meta)):
+        if key in ("torch", "generator"):
+            continue
+        if golden.meta.get(key) != old.meta.get(key):
+            lines.append(f"metadata '{key}' changed")
+    return "; ".join(lines) or "bytes differ (tensor order or encoding)"
+
+
+def verify(config: Config) -> dict[str, str]:
+    """case id -> problem, for every golden that fails the manifest or schema check."""
+    manifest = read_manifest(config.goldens)
+    problems: dict[str, str] = {}
+    for case_id in sorted(set(manifest) | set(discover(config.goldens))):
+        try:
+            golden = load_verified(config.goldens, case_id, manifest)
+            component = get(golden.meta["component"])
+            names = set(component.output_names(golden.meta["params"]))
+            if component.expected_outputs is None and names != set(golden.outputs):
+                raise GoldenError(f"{golden.path}: outputs {sorted(golden.outputs)} but {component.name} declares {sorted(names)}")
+            missing_in = [n for n in component.inputs if n not in golden.inputs]
+            if missing_in:
+                raise GoldenError(f"{golden.path}: lacks input(s) {missing_in}")
+        except (GoldenError, KeyError) as exc:
+            problems[case_id] = str(exc).strip("'\"")
+    return problems
+
+
+def print_progress(stream=sys.stderr) -> Callable[[int, int, str], None]:
+    """A progress line a terminal user sees move (one line per 10% when not a terminal)."""
+    tty = stream.isatty()
+    last = [-1]
+
+    def show(done: int, total: int, case_id: str) -> None:
+        if tty:
+            stream.write(f"\r[{done}/{total}] {case_id[:70]:<70}")
+            if done == total:
+                stream.write("\n")
+        else:
+            decile = (10 * done) // max(total, 1)
+            if decile != last[0]:
+                last[0] = decile
+                stream.write(f"[{done}/{total}] {case_id}\n")
+        stream.flush()
+
+    return show
+
+
+__all__ = ["generate", "verify", "build_golden", "GenerateReport", "GenerationError", "Iterable"]

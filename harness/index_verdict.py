@@ -1,0 +1,296 @@
+"""Verdict for index-valued outputs: exact, tie-order difference, or miss (DESIGN.md, Comparison).
+
+Top-k selections on the V4.1 path (indexer M:577-580, candidate blocks M:607) break ties in an
+implementation-defined way (v41-reference.md §7; torch's CPU order: docs/topk-tie-order.md). A
+row of selected ids that differs from the reference is therefore judged against the reference
+scores the selection was made from:
+
+* ``exact``: the row is identical (``order="set"``: identical after sorting each row, so a
+  permutation of the same ids is exact; ``order="sequence"``: identical position by position).
+* ``tie``: the rows differ only among elements tied with the k-th reference score: the ids
+  whose score is not equivalent to that score are the same set on both sides, both sides hold
+  equally many tied ids, and for ``order="sequence"`` the reference scores at the two rows are
+  also equal position by position. Equivalence is the top-k comparator's: all NaN are one
+  value, -0 == +0. The k-th reference score is the worst score (NaN best when ``largest``,
+  worst otherwise) among the reference row's valid ids.
+* ``miss``: anything else, including every row with an invariant violation, reported
+  separately: an id out of range (``id - offset`` outside ``[0, N)``, ``id >= id_limit``, or
+  below -1), a duplicate id, -1 where the reference has a valid id, or a valid id where the
+  reference has -1 (position by position for ``"sequence"``, by count for ``"set"``).
+
+The sentinel is the raw id -1 (upstream writes -1, never -1 + offset). Rows are the flattened
+leading dims; examples report them as multi-indices. Pure function: no printing, no state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+
+__all__ = ["IndexVerdict", "RowExample", "VIOLATION_KINDS", "classify_index_rows"]
+
+VIOLATION_KINDS: dict[str, str] = {
+    "out_of_range": "id out of range",
+    "duplicate": "duplicate id within the row",
+    "missing_id": "-1 where the reference has a valid id",
+    "unexpected_id": "valid id where the reference has -1",
+}
+_MAX_MESSAGES = 20
+_BIG = torch.iinfo(torch.int64).max
+
+
+@dataclass(frozen=True)
+class RowExample:
+    """One non-exact row, spelled out for a report."""
+
+    row: tuple[int, ...]  # multi-index over the leading dims
+    expected: list[int]
+    actual: list[int]
+    only_expected: list[tuple[int, float | None]]  # (id, reference score) only the reference chose
+    only_actual: list[tuple[int, float | None]]  # score None when the id is out of range
+    kth_score: float | None  # None when the reference row has no valid id
+    tied_total: int  # entries of the row's scores equivalent to the k-th score
+    tied_selected: int  # of those, how many the reference selected
+    tied_selected_actual: int  # and how many the actual row selected
+    violations: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        lines = [
+            f"row {self.row}: k-th reference score {self.kth_score!r}; "
+            f"{self.tied_total} entries tie with it, reference selected {self.tied_selected}, "
+            f"actual selected {self.tied_selected_actual}",
+            f"  expected ids: {_clip(self.expected)}",
+            f"  actual ids:   {_clip(self.actual)}",
+            f"  only in expected (id, score): {_clip(self.only_expected)}",
+            f"  only in actual (id, score):   {_clip(self.only_actual)}",
+        ]
+        lines += [f"  violation: {v}" for v in self.violations]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class IndexVerdict:
+    """Counts per class over all rows, the non-exact rows and an example of each kind."""
+
+    lead_shape: tuple[int, ...]
+    rows: int
+    exact: int
+    tie: int
+    miss: int
+    tie_rows: tuple[int, ...]  # flat row indices
+    miss_rows: tuple[int, ...]
+    violations: dict[str, int]  # kind -> number of rows with that violation
+    violation_messages: tuple[str, ...]  # the first few, each naming row and kind
+    first_tie: RowExample | None
+    first_miss: RowExample | None
+
+    @property
+    def non_exact_rows(self) -> tuple[int, ...]:
+        return tuple(sorted(self.tie_rows + self.miss_rows))
+
+    @property
+    def all_exact(self) -> bool:
+        return self.exact == self.rows
+
+    def describe(self) -> str:
+        head = f"{self.rows} rows: {self.exact} exact, {self.tie} tie order, {self.miss} miss"
+        parts = [head]
+        bad = {k: v for k, v in self.violations.items() if v}
+        if bad:
+            parts.append("invariant violations (rows): " + ", ".join(f"{k}={v}" for k, v in bad.items()))
+            parts += [f"  {m}" for m in self.violation_messages]
+        if self.first_tie is not None:
+            parts += ["first tie-order row:", self.first_tie.describe()]
+        if self.first_miss is not None:
+            parts += ["first miss row:", self.first_miss.describe()]
+        return "\n".join(parts)
+
+
+def _clip(items: list, limit: int = 32) -> str:
+    return str(items) if len(items) <= limit else f"{items[:limit]}... ({len(items)} in all)"
+
+
+def _eqv(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Comparator equivalence of scores: NaN ~ NaN, -0 == +0."""
+    return (x == y) | (torch.isnan(x) & torch.isnan(y))
+
+
+def _kth(se: torch.Tensor, valid: torch.Tensor, largest: bool) -> torch.Tensor:
+    """Worst score of each row's valid entries (NaN best when largest, worst otherwise).
+
+    se, valid: [R, K] -> [R] float64; NaN also stands for "no valid entry" (see callers).
+    """
+    nan = torch.isnan(se)
+    plain = valid & ~nan
+    if largest:  # worst = smallest non-NaN; NaN only if every valid entry is NaN
+        m = torch.where(plain, se, torch.inf).amin(dim=1)  # K >= 1 here: empty rows are exact
+        return torch.where(plain.any(dim=1), m, torch.nan)
+    m = torch.where(plain, se, -torch.inf).amax(dim=1)
+    return torch.where((valid & nan).any(dim=1), torch.nan, m)
+
+
+def _check_inputs(expected: torch.Tensor, actual: torch.Tensor, scores: torch.Tensor, order: str) -> None:
+    if order not in ("sequence", "set"):
+        raise ValueError(f"order must be 'sequence' or 'set', got {order!r}")
+    for name, t in (("expected", expected), ("actual", actual)):
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise TypeError(f"{name} ids must be an integer tensor, got {t.dtype}")
+        if t.dim() == 0:
+            raise ValueError(f"{name} ids must have a last dim of selected ids; got a 0-dim tensor")
+    if expected.shape != actual.shape:
+        raise ValueError(
+            f"expected ids have shape {tuple(expected.shape)} but actual ids {tuple(actual.shape)}; "
+            "compare shapes before classifying rows"
+        )
+    if scores.dim() == 0 or scores.shape[:-1] != expected.shape[:-1]:
+        raise ValueError(
+            f"scores {tuple(scores.shape)} must share the leading dims of the ids "
+            f"{tuple(expected.shape)}: [..., N] against [..., K]"
+        )
+
+
+def _validate_expected(e: torch.Tensor, n: int, offset: int, id_limit: int | None) -> None:
+    """The reference must itself satisfy the invariants; anything else is a harness bug."""
+    valid = e != -1
+    pos = e - offset
+    bad = valid & ((pos < 0) | (pos >= n) | (e < 0))
+    if id_limit is not None:
+        bad |= valid & (e >= id_limit)
+    if bad.any():
+        r, c = (int(v) for v in torch.nonzero(bad)[0])
+        raise ValueError(
+            f"reference ids are invalid: row {r} slot {c} holds {int(e[r, c])}, outside "
+            f"[offset, offset + N) = [{offset}, {offset + n}) (id_limit={id_limit}); "
+            "check offset and that scores are aligned with the ids"
+        )
+    srt = torch.sort(torch.where(valid, e, -1 - torch.arange(e.shape[1])), dim=1).values
+    if (srt[:, 1:] == srt[:, :-1]).any():
+        raise ValueError("reference ids contain a duplicate within a row; the golden is broken")
+
+
+def classify_index_rows(
+    expected: torch.Tensor,
+    actual: torch.Tensor,
+    scores: torch.Tensor,
+    *,
+    offset: int = 0,
+    largest: bool = True,
+    order: Literal["sequence", "set"] = "sequence",
+    id_limit: int | None = None,
+) -> IndexVerdict:
+    """Classify each row of ``actual`` ids against ``expected`` as exact, tie or miss.
+
+    expected, actual: int [..., K] selected ids (-1 = none); scores: float [..., N] reference
+    scores the selection was made from, score position = id - offset. Raises ValueError when
+    shapes disagree or the reference ids break the invariants themselves.
+
+    >>> s = torch.tensor([[1.0, 1.0, 0.0]])
+    >>> classify_index_rows(torch.tensor([[0]]), torch.tensor([[1]]), s).tie
+    1
+    """
+    _check_inputs(expected, actual, scores, order)
+    lead = tuple(expected.shape[:-1])
+    k, n = expected.shape[-1], scores.shape[-1]
+    e = expected.reshape(-1, k).to(torch.int64)  # [R, K]
+    a = actual.reshape(-1, k).to(torch.int64)  # [R, K]
+    _validate_expected(e, n, offset, id_limit)
+    if order == "set":
+        e, a = torch.sort(e, dim=1).values, torch.sort(a, dim=1).values
+    rows = torch.nonzero(~(e == a).all(dim=1)).flatten()  # [R'] non-exact rows
+    kinds = dict.fromkeys(VIOLATION_KINDS, 0)
+    if rows.numel() == 0:
+        return IndexVerdict(lead, e.shape[0], e.shape[0] - rows.numel(), 0, rows.numel(), (),
+                            tuple(rows.tolist()), kinds, (), None, None)
+    ev, av = e[rows], a[rows]  # [R', K]
+    sv = scores.reshape(-1, n)[rows].to(torch.float64)  # [R', N]
+    if n == 0:  # nothing can be valid; a dummy column keeps the gathers below in bounds
+        sv = torch.zeros(rows.numel(), 1, dtype=torch.float64)
+    e_ok, a_valid = ev != -1, av != -1
+    pos_a = av - offset
+    oob = a_valid & ((av < 0) | (pos_a < 0) | (pos_a >= n))
+    if id_limit is not None:
+        oob |= a_valid & (av >= id_limit)
+    a_ok = a_valid & ~oob
+    srt = torch.sort(torch.where(a_valid, av, -1), dim=1).values
+    viol = {
+        "out_of_range": oob.any(dim=1),
+        "duplicate": ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] != -1)).any(dim=1),
+    }
+    if order == "sequence":
+        viol["missing_id"] = (e_ok & ~a_valid).any(dim=1)
+        viol["unexpected_id"] = (a_valid & ~e_ok).any(dim=1)
+    else:
+        viol["missing_id"] = a_valid.sum(dim=1) < e_ok.sum(dim=1)
+        viol["unexpected_id"] = a_valid.sum(dim=1) > e_ok.sum(dim=1)
+    broken = torch.stack(list(viol.values())).any(dim=0)  # [R']
+
+    se = torch.gather(sv, 1, torch.where(e_ok, ev - offset, 0))  # [R', K]
+    sa = torch.gather(sv, 1, torch.where(a_ok, pos_a, 0))  # [R', K]
+    kth = _kth(se, e_ok, largest)  # [R']
+    has_kth = e_ok.any(dim=1)
+    tied_e = e_ok & _eqv(se, kth[:, None])
+    tied_a = a_ok & _eqv(sa, kth[:, None])
+    core_e = torch.sort(torch.where(e_ok & ~tied_e, ev, _BIG), dim=1).values
+    core_a = torch.sort(torch.where(a_ok & ~tied_a, av, _BIG), dim=1).values
+    tie = ~broken & has_kth & (core_e == core_a).all(dim=1)
+    tie &= tied_e.sum(dim=1) == tied_a.sum(dim=1)
+    if order == "sequence":
+        tie &= (_eqv(se, sa) | (~e_ok & ~a_valid)).all(dim=1)
+
+    rows_l, tie_l = rows.tolist(), tie.tolist()
+    tie_rows = tuple(r for r, t in zip(rows_l, tie_l) if t)
+    miss_rows = tuple(r for r, t in zip(rows_l, tie_l) if not t)
+    messages: list[str] = []
+    for kind, flags in viol.items():
+        hit = torch.nonzero(flags).flatten().tolist()
+        kinds[kind] = len(hit)
+        for j in hit[: _MAX_MESSAGES - len(messages)]:
+            messages.append(f"row {_multi(rows_l[j], lead)}: {VIOLATION_KINDS[kind]} ({kind})")
+
+    def example(j: int) -> RowExample:
+        return _example(j, rows_l[j], lead, expected, actual, sv[j, :n], offset, id_limit,
+                        kth[j] if bool(has_kth[j]) else None, viol)
+
+    first_tie = example(tie_l.index(True)) if tie_rows else None
+    first_miss = example(tie_l.index(False)) if miss_rows else None
+    return IndexVerdict(lead, e.shape[0], e.shape[0] - len(rows_l), len(tie_rows), len(miss_rows),
+                        tie_rows, miss_rows, kinds, tuple(messages), first_tie, first_miss)
+
+
+def _multi(flat: int, lead: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.unravel_index(flat, lead)) if lead else ()
+
+
+def _example(
+    j: int, flat: int, lead: tuple[int, ...], expected: torch.Tensor, actual: torch.Tensor,
+    s_row: torch.Tensor, offset: int, id_limit: int | None, kth: torch.Tensor | None,
+    viol: dict[str, torch.Tensor],
+) -> RowExample:
+    """Spell out one row (original slot order, not the sorted form used for "set")."""
+    k, n = expected.shape[-1], s_row.shape[0]
+    e_ids = expected.reshape(-1, k)[flat].tolist()
+    a_ids = actual.reshape(-1, k)[flat].tolist()
+    e_set, a_set = set(e_ids) - {-1}, set(a_ids) - {-1}
+
+    def score(i: int) -> float | None:  # None for an id out of range
+        ok = i >= 0 and 0 <= i - offset < n and (id_limit is None or i < id_limit)
+        return float(s_row[i - offset]) if ok else None
+
+    def tied(i: int) -> bool:
+        return kth is not None and score(i) is not None and bool(_eqv(s_row[i - offset], kth))
+
+    return RowExample(
+        row=_multi(flat, lead),
+        expected=e_ids,
+        actual=a_ids,
+        only_expected=[(i, score(i)) for i in sorted(e_set - a_set)],
+        only_actual=[(i, score(i)) for i in sorted(a_set - e_set)],
+        kth_score=float(kth) if kth is not None else None,
+        tied_total=int(_eqv(s_row, kth).sum()) if kth is not None else 0,
+        tied_selected=sum(map(tied, e_set)),
+        tied_selected_actual=sum(map(tied, a_set)),
+        violations=[f"{VIOLATION_KINDS[kd]} ({kd})" for kd, f in viol.items() if bool(f[j])],
+    )

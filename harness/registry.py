@@ -1,0 +1,112 @@
+"""The component registry: the one place that says what each component is.
+
+Each `Component` names its input and output tensors, builds its inputs for a case, points at
+its reference function, and declares the comparison kind of every output. The generator, the
+runner, the docs (`conformance list --docs`) and the reports all read this registry.
+
+A component's `execute` drives an implementation through a case. For most components it is a
+single call. Stateful components (the compressor over a chunk schedule, attention over prefill
+and decode) supply a driver that calls the implementation once per step with the state passed in
+and out, so the harness really chunks and checks the state after every step; the generator runs
+the same driver with the reference, so goldens and runs cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .policy import Policy
+
+Tensors = dict[str, torch.Tensor]
+Params = dict[str, Any]
+Call = Callable[[Tensors, Params], Tensors]
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """One output tensor: its name, comparison kind and what the kind needs."""
+
+    name: str
+    kind: str
+    doc: str = ""
+    scores: str | None = None  # index kind: aux tensor of reference scores
+    order: str = "sequence"
+    largest: bool = True
+    offset_param: str | None = None
+    sentinels: tuple[float, ...] = ()
+
+    def base_policy(self) -> Policy:
+        return Policy(
+            kind=self.kind,
+            scores=self.scores,
+            order=self.order,
+            largest=self.largest,
+            offset_param=self.offset_param,
+            sentinels=self.sentinels,
+        )
+
+
+def single_call(call: Call, inputs: Tensors, params: Params) -> Tensors:
+    return call(inputs, params)
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    summary: str
+    upstream: str
+    inputs: tuple[str, ...]
+    outputs: tuple[OutputSpec, ...]
+    build: Callable[[Params, Params, torch.Generator], Tensors]  # (params, build, gen) -> inputs
+    reference: Call
+    execute: Callable[[Call, Tensors, Params], Tensors] = single_call
+    aux: Callable[[Tensors, Params, Tensors], Tensors] | None = None
+    floor: int = 1
+    expected_outputs: Callable[[Params], tuple[str, ...]] | None = None  # for step-named outputs
+    policy_of: Callable[[str], OutputSpec] | None = None
+    notes: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def output_names(self, params: Params) -> tuple[str, ...]:
+        if self.expected_outputs is not None:
+            return self.expected_outputs(params)
+        return tuple(o.name for o in self.outputs)
+
+    def output_spec(self, name: str) -> OutputSpec:
+        """The spec for `name`; step outputs such as `s03.rows` use the spec of `rows`."""
+        for spec in self.outputs:
+            if spec.name == name:
+                return spec
+        base = name.split(".", 1)[-1]
+        for spec in self.outputs:
+            if spec.name == base:
+                return spec
+        raise KeyError(f"component {self.name} has no output {name!r}")
+
+
+REGISTRY: dict[str, Component] = {}
+
+
+def register(component: Component) -> Component:
+    if component.name in REGISTRY:
+        raise ValueError(f"component {component.name!r} registered twice")
+    REGISTRY[component.name] = component
+    return component
+
+
+def components() -> dict[str, Component]:
+    """All registered components, importing their definitions on first use."""
+    from . import components as _definitions  # noqa: F401  (registers on import)
+
+    return REGISTRY
+
+
+def get(name: str) -> Component:
+    registry = components()
+    if name not in registry:
+        raise KeyError(f"unknown component {name!r}; known: {', '.join(sorted(registry))}")
+    return registry[name]

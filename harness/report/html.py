@@ -1,0 +1,66 @@
+"""`report.html`: one self-contained file, a section per component, failures first.
+
+Every text that came from an implementation, a golden or a path is escaped.
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from .table import COLUMNS
+
+STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
+table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}
+td:first-child,th:first-child{text-align:left}.pass{color:#060}.fail,.error,.crash,.timeout,.xpass{color:#b00;font-weight:bold}
+.unsupported,.xfail{color:#666}pre{background:#f6f6f6;padding:8px;overflow:auto;font-size:90%}
+details{margin:4px 0}section{margin-top:2em}"""
+ORDER = {"fail": 0, "error": 0, "crash": 0, "timeout": 0, "xpass": 0, "xfail": 1, "unsupported": 2, "pass": 3}
+
+
+def render_html(doc: dict) -> str:
+    verdict = "PASS" if doc["exit_code"] == 0 else "FAIL"
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>Conformance {escape(doc['impl'])}</title>",
+           f"<style>{STYLE}</style></head><body>",
+           f"<h1>Conformance of <code>{escape(doc['impl'])}</code>: <span class='{verdict.lower()}'>{verdict}</span></h1>",
+           f"<p>device {escape(doc['device'])} · torch {escape(doc['versions']['torch'])} · harness "
+           f"{escape(doc['versions']['harness'])} · {len(doc['cases'])} cases · {doc['duration_s']} s</p>"]
+    for problem in doc.get("problems", []):
+        out.append(f"<p class='fail'>Problem: {escape(problem)}</p>")
+    out.append("<table><tr><th>component</th><th>verdict</th><th>cases</th>" + "".join(f"<th>{c}</th>" for c in COLUMNS)
+               + "<th>tie rows</th></tr>")
+    comps = sorted(doc["components"].items(), key=lambda kv: (kv[1]["verdict"] != "fail", kv[0]))
+    for name, e in comps:
+        out.append(f"<tr><td><a href='#{escape(name)}'>{escape(name)}</a></td><td class='{e['verdict']}'>{e['verdict']}</td>"
+                   f"<td>{e['cases']}</td>" + "".join(f"<td>{e.get(c, 0)}</td>" for c in COLUMNS) + f"<td>{e.get('tie_rows', 0)}</td></tr>")
+    out.append("</table>")
+    by_component: dict[str, list[dict]] = {}
+    for case in doc["cases"]:
+        by_component.setdefault(case["component"], []).append(case)
+    for name, _ in comps:
+        cases = sorted(by_component.get(name, []), key=lambda c: (ORDER.get(c["status"], 0), c["id"]))
+        out.append(f"<section id='{escape(name)}'><h2>{escape(name)}</h2>")
+        for case in cases:
+            status = case["status"]
+            open_attr = " open" if ORDER.get(status, 0) == 0 else ""
+            out.append(f"<details{open_attr}><summary><span class='{status}'>{status}</span> {escape(case['id'])}</summary>")
+            if case.get("message"):
+                out.append(f"<pre>{escape(case['message'])}</pre>")
+            if case.get("expectation"):
+                out.append(f"<p>{escape(case['expectation'])}</p>")
+            if case.get("outputs"):
+                out.append("<table><tr><th>output</th><th>ok</th><th>policy</th><th>metrics</th></tr>")
+                for out_name, m in case["outputs"].items():
+                    metrics = ", ".join(f"{k}={_num(v)}" for k, v in m.items() if k not in ("ok", "policy") and v is not None)
+                    out.append(f"<tr><td>{escape(out_name)}</td><td>{'yes' if m.get('ok') else 'no'}</td>"
+                               f"<td>{escape(str(m.get('policy', '')))}</td><td>{escape(metrics)}</td></tr>")
+                out.append("</table>")
+            if case.get("repro"):
+                out.append(f"<p>re-run: <code>{escape(case['repro'])}</code></p>")
+            out.append("</details>")
+        out.append("</section>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+def _num(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)

@@ -1,0 +1,34 @@
+"""`summary.md`: small and GitHub job-summary friendly (well under the 1 MiB cap)."""
+
+from __future__ import annotations
+
+from .table import COLUMNS
+
+MAX_FAILURES = 20
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def render_summary(doc: dict) -> str:
+    verdict = "PASS" if doc["exit_code"] == 0 else "FAIL"
+    lines = [f"## Conformance: `{_cell(doc['impl'])}` — {verdict}", "",
+             f"device `{doc['device']}` · torch {doc['versions']['torch']} · harness {doc['versions']['harness']} · "
+             f"{len(doc['cases'])} case(s) in {doc['duration_s']} s", "",
+             "| component | verdict | cases | " + " | ".join(COLUMNS) + " | tie rows |",
+             "|---|---|---:|" + "---:|" * len(COLUMNS) + "---:|"]
+    for name, e in doc["components"].items():
+        lines.append(f"| `{name}` | {e['verdict']} | {e['cases']} | " + " | ".join(str(e.get(c, 0)) for c in COLUMNS)
+                     + f" | {e.get('tie_rows', 0)} |")
+    bad = [c for c in doc["cases"] if c["status"] in ("fail", "error", "crash", "timeout", "xpass")]
+    if bad:
+        lines += ["", f"### {len(bad)} case(s) did not pass", ""]
+        for case in bad[:MAX_FAILURES]:
+            first = (case.get("message") or "").strip().splitlines()[:1]
+            lines.append(f"- **{case['status']}** `{case['id']}`: {_cell(first[0]) if first else ''}")
+        if len(bad) > MAX_FAILURES:
+            lines.append(f"- … and {len(bad) - MAX_FAILURES} more (see report.html)")
+    for problem in doc.get("problems", []):
+        lines.append(f"- **problem**: {_cell(problem)}")
+    return "\n".join(lines) + "\n"

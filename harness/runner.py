@@ -1,0 +1,183 @@
+"""Running one case: load and verify its golden, call the implementation, judge the outputs.
+
+`run_case` never raises for anything an implementation or a golden does wrong: each problem
+becomes the status of that case (`error`, `fail`, `unsupported`), with a message that names the
+case, the output and what to do. Isolation from crashes and hangs is the worker pool's job
+(`harness.isolation`); this module is what runs inside a worker.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from .compare import compare_output
+from .config import Config
+from .errors import GoldenError, HarnessError
+from .golden import Golden, load_verified
+from .ids import split_case_id
+from .registry import Component, components
+
+STATUSES = ("pass", "fail", "error", "crash", "timeout", "unsupported", "xfail", "xpass")
+PASSING = ("pass", "xfail", "unsupported")
+
+
+@dataclass
+class CaseResult:
+    id: str
+    component: str
+    status: str
+    message: str = ""
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    duration_s: float = 0.0
+    golden_sha256: str = ""
+    tie_rows: int = 0
+    tie_example: str = ""
+    first_divergent_step: int | None = None
+    expectation: str = ""
+    repro: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CaseResult:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class StepError(Exception):
+    """Raised by step drivers: the implementation failed at a given step of a schedule."""
+
+    def __init__(self, step: int, message: str):
+        super().__init__(f"step {step}: {message}")
+        self.step = step
+
+
+def repro_command(case_id: str, impl: str) -> str:
+    return f"conformance run --impl {impl} --select '{case_id}'"
+
+
+def run_case(case_id: str, config: Config, impl, impl_name: str, manifest: dict, impl_conf: dict | None = None) -> CaseResult:
+    component_name, _ = split_case_id(case_id)
+    result = CaseResult(case_id, component_name, "error", repro=repro_command(case_id, impl_name))
+    start = time.perf_counter()
+    try:
+        _run(case_id, config, impl, manifest, impl_conf or {}, result)
+    except GoldenError as exc:
+        result.status, result.message = "error", f"golden: {exc}"
+    except HarnessError as exc:
+        result.status, result.message = "error", str(exc)
+    result.duration_s = time.perf_counter() - start
+    return result
+
+
+def _run(case_id: str, config: Config, impl, manifest: dict, impl_conf: dict, result: CaseResult) -> None:
+    registry = components()
+    if result.component not in registry:
+        raise GoldenError(f"{case_id}: component {result.component!r} is not known to this harness version")
+    component = registry[result.component]
+    golden = load_verified(config.goldens, case_id, manifest)
+    result.golden_sha256 = golden.sha256
+    try:
+        supported = bool(impl.supports(component.name))
+    except Exception as exc:  # an implementation bug, not ours
+        result.status, result.message = "error", f"supports({component.name!r}) raised {_exc_line(exc)}"
+        return
+    if not supported:
+        result.status, result.message = "unsupported", f"implementation does not support {component.name}"
+        return
+    params = golden.meta["params"]
+    actual = _execute(component, impl, golden, params, result)
+    if actual is None:
+        return
+    _judge(component, golden, actual, params, config, impl_conf, result)
+
+
+def _execute(component: Component, impl, golden: Golden, params: dict, result: CaseResult) -> dict | None:
+    def call(inputs: dict[str, torch.Tensor], call_params: dict[str, Any]) -> dict[str, torch.Tensor]:
+        return impl.run(component.name, inputs, call_params)
+
+    inputs = {k: v.clone() for k, v in golden.inputs.items()}
+    try:
+        actual = component.execute(call, inputs, dict(params))
+    except StepError as exc:
+        result.status, result.message = "error", f"implementation failed at {exc}"
+        result.first_divergent_step = exc.step
+        return None
+    except Exception as exc:
+        result.status = "error"
+        result.message = f"implementation raised {_exc_line(exc)}\n{_short_traceback(exc)}"
+        return None
+    if not isinstance(actual, dict):
+        result.status, result.message = "error", f"run() returned {type(actual).__name__}, expected a dict of tensors"
+        return None
+    return actual
+
+
+def _judge(component: Component, golden: Golden, actual: dict, params: dict, config: Config,
+           impl_conf: dict, result: CaseResult) -> None:
+    expected_names = set(golden.outputs)
+    missing = sorted(expected_names - set(actual))
+    extra = sorted(set(actual) - expected_names)
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing output(s) {missing}")
+        if extra:
+            parts.append(f"unexpected output(s) {extra}")
+        result.status = "error"
+        result.message = f"{'; '.join(parts)}; {component.name} returns {sorted(expected_names)}"
+        return
+    failures, attribute_errors = [], []
+    first_step = None
+    for name in sorted(expected_names):
+        policy = config.policy(component, name, impl_conf)
+        verdict = compare_output(name, golden.outputs[name], actual[name], policy, golden.aux, params)
+        result.outputs[name] = {"ok": verdict.ok, "policy": policy.describe(), **verdict.metrics}
+        if verdict.metrics.get("rows_tie"):
+            result.tie_rows += verdict.metrics["rows_tie"]
+            if not result.tie_example:
+                result.tie_example = verdict.message
+        if verdict.ok:
+            continue
+        if not verdict.metrics:  # attribute problem: wrong dtype, shape or type
+            attribute_errors.append(verdict.message)
+        else:
+            failures.append(verdict.message)
+        step = _step_of(name)
+        if step is not None and (first_step is None or step < first_step):
+            first_step = step
+    result.first_divergent_step = first_step
+    if attribute_errors:
+        result.status = "error"
+        result.message = "\n".join(attribute_errors + failures)
+    elif failures:
+        result.status = "fail"
+        head = f"first divergent step: {first_step}\n" if first_step is not None else ""
+        result.message = head + "\n".join(failures)
+    else:
+        result.status = "pass"
+        if result.tie_rows:
+            result.message = f"{result.tie_rows} row(s) differ only in tie order (accepted by policy)"
+
+
+def _step_of(name: str) -> int | None:
+    head = name.split(".", 1)[0]
+    if head.startswith("s") and head[1:].isdigit() and "." in name:
+        return int(head[1:])
+    return None
+
+
+def _exc_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _short_traceback(exc: BaseException, frames: int = 4) -> str:
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    tail = "".join(lines[-(frames + 1):]).rstrip()
+    return tail

@@ -1,0 +1,173 @@
+"""`conformance run`: select cases, drive pytest over them, gather results, decide the verdict.
+
+The results document (`results.json`) is the single source of truth; every renderer reads it.
+Schema (version 1)::
+
+    {schema, impl, impl_kind, device, select, started, duration_s, exit_code,
+     versions: {harness, torch, python, platform},
+     goldens: {dir, manifest_sha256},
+     components: {name: {cases, pass, fail, error, crash, timeout, unsupported, xfail, xpass,
+                         floor, floor_ok, tie_rows, verdict}},
+     problems: [str],            # run-level: floors unmet, nothing ran, stale expectations
+     stale_expectations: [str],
+     cases: [{id, component, status, message, outputs: {name: {ok, policy, metrics...}},
+              duration_s, golden_sha256, tie_rows, tie_example, first_divergent_step,
+              expectation, repro}]}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import __version__
+from .adapters.loader import instantiate, resolve
+from .cases import load_cases
+from .config import Config
+from .expectations import apply_expectations, load_expectations
+from .golden import MANIFEST, discover, read_manifest
+from .ids import matches, split_case_id
+from .registry import components
+from .runner import STATUSES
+
+RESULTS_SCHEMA = 1
+
+
+@dataclass
+class RunOptions:
+    impl: str
+    select: list[str]
+    report_dir: Path
+    workers: str = "0"
+    device: str = "cpu"
+    timeout: float | None = None
+    isolate: bool = True
+    shard: tuple[int, int] | None = None
+    pytest_args: tuple[str, ...] = ()
+
+
+def select_case_ids(config: Config, select: list[str]) -> list[str]:
+    """Every case the run should judge: specs, manifest entries and files on disk."""
+    ids = set(discover(config.goldens))
+    try:
+        ids |= set(read_manifest(config.goldens))
+    except Exception:  # a corrupt manifest is reported per case by the executor
+        pass
+    if config.cases.exists():
+        ids |= {spec.id for spec in load_cases(config.cases)}
+    return sorted(i for i in ids if matches(i, select))
+
+
+def shard_ids(ids: list[str], index: int, count: int) -> list[str]:
+    """Deterministic split for CI matrices: a case goes to shard hash(id) mod count."""
+    return [i for i in ids if int(hashlib.sha256(i.encode()).hexdigest()[:8], 16) % count == index - 1]
+
+
+def run(config: Config, options: RunOptions) -> dict:
+    import pytest
+
+    from .pytest_plugin import RUN_SUFFIX, ResultCollector
+
+    spec = resolve(options.impl, config)
+    instantiate(spec)  # fail fast (exit 2) on an implementation that cannot even be loaded
+    expectations = load_expectations(spec.conf, config.root, f"{config.path}: impls.{spec.name}")
+    ids = select_case_ids(config, options.select)
+    if options.shard:
+        ids = shard_ids(ids, *options.shard)
+    options.report_dir.mkdir(parents=True, exist_ok=True)
+    work = options.report_dir / ".run"
+    work.mkdir(exist_ok=True)
+    run_file = work / f"cases{RUN_SUFFIX}"
+    run_doc = {
+        "token": uuid.uuid4().hex,
+        "config": str(config.path),
+        "impl": {"name": spec.name, "kind": spec.kind, "target": spec.target, "root": spec.root, "conf": spec.conf},
+        "device": options.device,
+        "timeout": options.timeout or config.timeout,
+        "isolate": options.isolate,
+        "cases": ids,
+    }
+    run_file.write_text(json.dumps(run_doc))
+    (work / "pytest.ini").write_text("[pytest]\n")
+    collector = ResultCollector()
+    args = ["-c", str(work / "pytest.ini"), "--rootdir", str(work), "-p", "harness.pytest_plugin",
+            "-p", "no:cacheprovider", "--assert=plain", "-q", "--no-header", "-rN", "--tb=no", str(run_file)]
+    if options.workers not in ("0", ""):
+        args += ["-n", options.workers]
+    args += list(options.pytest_args)
+    started = time.time()
+    if ids:
+        pytest.main(args, plugins=[collector])
+    results = []
+    for case_id in ids:
+        data = collector.results.get(case_id)
+        if data is None:
+            detail = collector.crashed.get(case_id, "no result came back from the worker")
+            data = {"id": case_id, "component": split_case_id(case_id)[0], "status": "crash",
+                    "message": f"the worker running this case died: {detail}", "outputs": {}}
+        results.append(data)
+    stale = apply_expectations(results, expectations)
+    doc = summarise(config, options, spec, results, stale, started)
+    return doc
+
+
+def summarise(config: Config, options: RunOptions, spec, results: list[dict], stale: list[str], started: float) -> dict:
+    registry = components()
+    per_component: dict[str, dict] = {}
+    for result in results:
+        entry = per_component.setdefault(result["component"], {s: 0 for s in STATUSES} | {"cases": 0, "tie_rows": 0})
+        entry["cases"] += 1
+        entry[result["status"]] = entry.get(result["status"], 0) + 1
+        entry["tie_rows"] += int(result.get("tie_rows") or 0)
+    problems = []
+    full_run = not options.select and not options.shard
+    names = sorted(set(per_component) | (set(registry) if full_run else set()))
+    for name in names:
+        entry = per_component.setdefault(name, {s: 0 for s in STATUSES} | {"cases": 0, "tie_rows": 0})
+        executed = entry["cases"] - entry["unsupported"]
+        floor = config.floor(registry[name]) if name in registry else 1
+        entry["floor"] = floor
+        all_unsupported = entry["cases"] > 0 and executed == 0
+        entry["floor_ok"] = all_unsupported or not full_run or executed >= floor
+        if not entry["floor_ok"]:
+            problems.append(f"{name}: ran {executed} case(s), fewer than its floor of {floor}")
+        bad = sum(entry[s] for s in ("fail", "error", "crash", "timeout", "xpass"))
+        if all_unsupported:
+            entry["verdict"] = "unsupported"
+        else:
+            entry["verdict"] = "pass" if bad == 0 and entry["floor_ok"] else "fail"
+    executed_total = sum(1 for r in results if r["status"] != "unsupported")
+    if executed_total == 0:
+        problems.append("no case was executed (nothing selected, no goldens, or nothing supported): "
+                        "a run that judges nothing does not pass")
+    failed = any(r["status"] not in ("pass", "xfail", "unsupported") for r in results)
+    exit_code = 1 if failed or problems else 0
+    manifest_path = config.goldens / MANIFEST
+    return {
+        "schema": RESULTS_SCHEMA,
+        "impl": spec.name,
+        "impl_kind": spec.kind,
+        "device": options.device,
+        "select": options.select,
+        "shard": list(options.shard) if options.shard else None,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "duration_s": round(time.time() - started, 3),
+        "exit_code": exit_code,
+        "versions": {"harness": __version__, "torch": torch.__version__, "python": sys.version.split()[0],
+                     "platform": platform.platform()},
+        "goldens": {"dir": os.path.relpath(config.goldens, config.root),
+                    "manifest_sha256": hashlib.sha256(manifest_path.read_bytes()).hexdigest() if manifest_path.exists() else None},
+        "components": dict(sorted(per_component.items())),
+        "problems": problems,
+        "stale_expectations": stale,
+        "cases": sorted(results, key=lambda r: r["id"]),
+    }
