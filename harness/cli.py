@@ -19,7 +19,9 @@ from .ids import parse_select
 def _config(path: str | None):
     from .config import load_config
 
-    return load_config(Path(path) if path else None)
+    config = load_config(Path(path) if path else None)
+    config.validate()
+    return config
 
 
 def _fail_usage(exc: Exception) -> None:

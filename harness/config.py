@@ -55,6 +55,24 @@ class Config:
             policy = policy.with_overrides(own_flat, f"{where}: impl tolerances.{component.name}")
         return policy
 
+    def validate(self) -> None:
+        """Resolve every policy once so a bad tolerance is a usage error before anything runs."""
+        from .registry import components
+
+        registry = components()
+        known = set(registry)
+        for name, block in (self.tolerances.get("components") or {}).items():
+            if name not in known:
+                raise UsageError(f"{self.path}: tolerances.components.{name}: no such component; known: {', '.join(sorted(known))}")
+            if not isinstance(block, dict):
+                raise UsageError(f"{self.path}: tolerances.components.{name} must be a mapping")
+        for name in self.floors:
+            if name not in known:
+                raise UsageError(f"{self.path}: floors.{name}: no such component")
+        for component in registry.values():
+            for output in component.outputs:
+                self.policy(component, output.name)
+
     def floor(self, component: Component) -> int:
         if component.name in self.floors:
             return self.floors[component.name]

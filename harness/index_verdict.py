@@ -12,7 +12,10 @@ scores the selection was made from:
   equally many tied ids, and for ``order="sequence"`` the reference scores at the two rows are
   also equal position by position. Equivalence is the top-k comparator's: all NaN are one
   value, -0 == +0. The k-th reference score is the worst score (NaN best when ``largest``,
-  worst otherwise) among the reference row's valid ids.
+  worst otherwise) among the reference row's valid ids. This implies equal multisets of
+  reference scores and, for two true top-k selections, is the same thing; it is stricter
+  only when the reference is not a top-k of the scores (ids swapped at a better tied value
+  are then a miss).
 * ``miss``: anything else, including every row with an invariant violation, reported
   separately: an id out of range (``id - offset`` outside ``[0, N)``, ``id >= id_limit``, or
   below -1), a duplicate id, -1 where the reference has a valid id, or a valid id where the
@@ -24,6 +27,7 @@ leading dims; examples report them as multi-indices. Pure function: no printing,
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -194,18 +198,18 @@ def classify_index_rows(
     _check_inputs(expected, actual, scores, order)
     lead = tuple(expected.shape[:-1])
     k, n = expected.shape[-1], scores.shape[-1]
-    e = expected.reshape(-1, k).to(torch.int64)  # [R, K]
-    a = actual.reshape(-1, k).to(torch.int64)  # [R, K]
+    r = math.prod(lead)
+    e = expected.reshape(r, k).to(torch.int64)  # [R, K]
+    a = actual.reshape(r, k).to(torch.int64)  # [R, K]
     _validate_expected(e, n, offset, id_limit)
     if order == "set":
         e, a = torch.sort(e, dim=1).values, torch.sort(a, dim=1).values
     rows = torch.nonzero(~(e == a).all(dim=1)).flatten()  # [R'] non-exact rows
     kinds = dict.fromkeys(VIOLATION_KINDS, 0)
     if rows.numel() == 0:
-        return IndexVerdict(lead, e.shape[0], e.shape[0] - rows.numel(), 0, rows.numel(), (),
-                            tuple(rows.tolist()), kinds, (), None, None)
+        return IndexVerdict(lead, r, r, 0, 0, (), (), kinds, (), None, None)
     ev, av = e[rows], a[rows]  # [R', K]
-    sv = scores.reshape(-1, n)[rows].to(torch.float64)  # [R', N]
+    sv = scores.reshape(r, n)[rows].to(torch.float64)  # [R', N]
     if n == 0:  # nothing can be valid; a dummy column keeps the gathers below in bounds
         sv = torch.zeros(rows.numel(), 1, dtype=torch.float64)
     e_ok, a_valid = ev != -1, av != -1
@@ -256,7 +260,7 @@ def classify_index_rows(
 
     first_tie = example(tie_l.index(True)) if tie_rows else None
     first_miss = example(tie_l.index(False)) if miss_rows else None
-    return IndexVerdict(lead, e.shape[0], e.shape[0] - len(rows_l), len(tie_rows), len(miss_rows),
+    return IndexVerdict(lead, r, r - len(rows_l), len(tie_rows), len(miss_rows),
                         tie_rows, miss_rows, kinds, tuple(messages), first_tie, first_miss)
 
 
@@ -271,7 +275,7 @@ def _example(
 ) -> RowExample:
     """Spell out one row (original slot order, not the sorted form used for "set")."""
     k, n = expected.shape[-1], s_row.shape[0]
-    e_ids = expected.reshape(-1, k)[flat].tolist()
+    e_ids = expected.reshape(-1, k)[flat].tolist()  # k >= 1 here: empty rows are exact
     a_ids = actual.reshape(-1, k)[flat].tolist()
     e_set, a_set = set(e_ids) - {-1}, set(a_ids) - {-1}
 

@@ -53,12 +53,19 @@ def make_x(b: int, t: int, dim: int, seed: int = 1) -> torch.Tensor:
 W2 = make_weights(128, 128, 2)
 W1 = make_weights(128, 128, 1)
 X = make_x(2, 40, 128)
+X7 = X[:, :T7]
+
+
+_ONESHOT: dict[tuple[int, int, int, int], tuple] = {}  # values keep x and weights alive, so ids stay unique
 
 
 def oneshot_prefix(x: torch.Tensor, weights: CompressorWeights, ratio: int, end: int):
-    """Rows, positions and pending state of the one-shot run over x[:, :end]."""
-    res = compressor_oneshot(x[:, :end], weights, ratio)
-    return res.rows, res.row_positions, pending_state(res.ring, end, ratio)
+    """Rows, positions and pending state of the one-shot run over x[:, :end] (memoised)."""
+    key = (id(x), id(weights), ratio, end)
+    if key not in _ONESHOT:
+        res = compressor_oneshot(x[:, :end], weights, ratio)
+        _ONESHOT[key] = (res.rows, res.row_positions, pending_state(res.ring, end, ratio), x, weights)
+    return _ONESHOT[key][:3]
 
 
 def assert_matches_oneshot(x, weights, ratio, schedule, ring_size=None, drafts=None):
@@ -87,12 +94,12 @@ def assert_matches_oneshot(x, weights, ratio, schedule, ring_size=None, drafts=N
 
 @pytest.mark.parametrize("schedule", compositions(T7), ids=schedule_name)
 def test_every_composition_of_7_matches_oneshot_ratio2(schedule):
-    assert_matches_oneshot(X[:, :T7], W2, 2, schedule, ring_size=ring_capacity(2, T7))
+    assert_matches_oneshot(X7, W2, 2, schedule, ring_size=ring_capacity(2, T7))
 
 
 def test_compositions_of_7_ratio1():
     for schedule in compositions(T7):
-        run = assert_matches_oneshot(X[:, :T7], W1, 1, schedule)
+        run = assert_matches_oneshot(X7, W1, 1, schedule)
         assert run.ring.shape == (2, 0, 2, 128)
 
 
@@ -166,7 +173,7 @@ def test_production_dims_match_oneshot(schedule):
 
 
 # ------------------------------------------------------------------------------------------
-# Arithmetic
+# Arithmetic (plain comparisons: torch.testing imports sympy, about a second per process)
 # ------------------------------------------------------------------------------------------
 
 
@@ -192,7 +199,7 @@ def test_ratio2_matches_independent_float64_formula():
     # pooled fp32 (before the bf16 cast) agrees to fp32 rounding
     groups = compressor_projections(X[:, :t], W2).unflatten(1, (-1, 2))  # [b, G, 2, 2, hd]
     pooled32 = torch.stack([pool_group(groups[:, j]) for j in range(t // 2)], dim=1)
-    torch.testing.assert_close(pooled32.double(), pooled, rtol=1e-5, atol=1e-5)
+    assert ((pooled32.double() - pooled).abs() <= 1e-5 * pooled.abs() + 1e-6).all()
     # rows: RMSNorm in float64 of the bf16-rounded pooled value, within one bf16 rounding
     p = pooled32.to(torch.bfloat16).double()
     ref = W2.norm_w.double() * p / p.square().mean(-1, keepdim=True).sqrt()
@@ -284,10 +291,10 @@ def test_undersized_ring_corrupts_the_first_pair():
         # pooled value of pair (0, 1) as read back from the ring (bf16 log-weights: ~1e-2 off)
         pooled = pool_group(s1.ring[:, [0 % slots, 1 % slots]])[0]
         expected = [6, 8] if slots == 7 else [42 / 5, 8]
-        torch.testing.assert_close(pooled, torch.tensor(expected, dtype=torch.float32), atol=0.05, rtol=0)
+        assert (pooled - torch.tensor(expected)).abs().max() < 0.05, (slots, pooled)
     # the correct ring gives rms_norm((6, 8)); the undersized ring a visibly different row
     good = rms_norm(torch.tensor([[[6.0, 8.0]]]).bfloat16(), LAB_W.norm_w)
-    torch.testing.assert_close(results[7].rows[:, :1].float(), good.float(), atol=0.02, rtol=0)
+    assert (results[7].rows[:, :1].float() - good.float()).abs().max() < 0.02
     assert (results[6].rows[0, 0].float() - results[7].rows[0, 0].float()).abs().max() > 0.1
     # the other two pairs are untouched
     assert torch.equal(results[6].rows[:, 1:], results[7].rows[:, 1:])

@@ -8,7 +8,7 @@ Logical payload per row = quantised elements + one scale byte per scale block (s
 - FP4 main (e2m1 nibbles, one e4m3 scale byte per 16 values, the compressed-KV format of
   M:760 / §6.2): `hd/2 + hd/16`, 256 + 32 = 288 at hd 512.
 - FP4 index (e2m1 nibbles, one ue8m0 scale byte per 32 values, the index-key format of
-  M:546 / §4.2): `index_hd/2 + index_hd/32`, 64 + 4 = 68 at index_hd 128.
+  M:537-548 / §4.2): `index_hd/2 + index_hd/32`, 64 + 4 = 68 at index_hd 128.
 - C2 state (the live score/latent ring of `compressor.py`, fp32): `S * 2 * hd * 4`,
   7 * 2 * 512 * 4 = 28,672 at S = 7 (r = 2, q_max = 6). Ratio 1 keeps no state: 0 bytes.
 

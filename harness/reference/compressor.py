@@ -23,9 +23,8 @@ reference of seed 000 §A.2; it reduces to upstream's Compressor for a prefill a
 single-token decode. Writing before reading is safe only if S >= r + n - 1 (`ring_capacity`):
 up to r - 1 older inputs of the open group must survive n new writes. `compressor_step` refuses
 a smaller ring unless `check_capacity=False`, which exists to demonstrate the overwrite.
-A new ring has score slots -inf and latent slots 0 (upstream's buffer init); those values are
-never read because a slot is always written before a group reads it.
-The input ring is not modified; every step returns a new tensor.
+A new ring has score slots -inf and latent slots 0 (upstream's buffer init), never read because
+a slot is always written before a group reads it. Steps return a new ring, never mutate theirs.
 
 Ratio 1 keeps no state. Its ring is always an empty fp32 [b, 0, 2, hd] tensor (None is accepted
 as input), so a runner can pass state in and out uniformly.
@@ -57,7 +56,7 @@ SCORE, LATENT = 0, 1  # index of the (score, latent) axis of a ring slot
 
 @dataclass(frozen=True)
 class CompressorWeights:
-    """One kv source's Compressor parameters (M:439-459).
+    """One kv source's Compressor parameters (`Compressor.__init__`, M:429-485, §3.1).
 
     wkv:    [hd, dim]; bf16 at ratio 1, fp32 at ratio 2 (a bf16 checkpoint tensor is promoted
             exactly, as upstream builds the Linear in fp32).
@@ -222,7 +221,7 @@ def compressor_projections(x_chunk: torch.Tensor, weights: CompressorWeights) ->
 
 def pool_group(group: torch.Tensor) -> torch.Tensor:
     """fp32 [b, r, 2, hd] (one group's slots) -> fp32 [b, hd]: per channel, softmax over the r
-    scores and the weighted sum of the r latents, as upstream's decode pooling (M:479-480)."""
+    scores and the weighted sum of the r latents, as upstream's decode pooling (M:476-482)."""
     if group.dtype != torch.float32 or group.ndim != 4 or group.shape[2] != 2:
         raise ValueError(f"pool_group takes fp32 [b, r, 2, hd], got {group.dtype} {tuple(group.shape)}")
     score = group[:, :, SCORE].contiguous()  # [b, r, hd]
@@ -256,12 +255,10 @@ def compressor_step(
     end = start + n
     positions = torch.tensor([j * ratio for j in completed_groups(start, end, ratio)], dtype=torch.int64)
     if ratio == 1:
-        if ring is not None:
-            _check_ring(ring, b, hd)
-            if ring.shape[1] != 0:
-                raise ValueError(f"ratio 1 keeps no state: pass ring=None or a [b, 0, 2, hd] tensor, got {tuple(ring.shape)}")
+        if ring is not None and (_check_ring(ring, b, hd) or ring.shape[1] != 0):
+            raise ValueError(f"ratio 1 keeps no state: pass ring=None or a [b, 0, 2, hd] tensor, got {tuple(ring.shape)}")
         if weights.wkv.dtype != torch.bfloat16:
-            raise ValueError(f"ratio 1 wkv is a bf16 Linear (M:447), got {weights.wkv.dtype}")
+            raise ValueError(f"ratio 1 wkv is a bf16 Linear (§3.1), got {weights.wkv.dtype}")
         rows = [_norm(linear_bf16(x_chunk[:, t : t + 1], weights.wkv), weights) for t in range(n)]
         return StepResult(_cat_rows(rows, b, hd), positions, new_ring(b, 0, hd))
 
@@ -289,7 +286,6 @@ def compressor_oneshot(
 ) -> StepResult:
     """One step over all T positions from 0 with a fresh ring of `ring_size` slots (default
     ring_capacity(ratio, T)). Returns every completed row and the pending state in the ring."""
-    check_ratio(ratio)
     _check_x(x, weights)
     slots = ring_capacity(ratio, max(x.shape[1], 1)) if ring_size is None else ring_size
     ring = None if ratio == 1 else new_ring(x.shape[0], slots, weights.head_dim)
@@ -313,7 +309,7 @@ def compressor_run(
     ring_capacity(ratio, longest step).
     """
     check_ratio(ratio)
-    steps_list = validate_schedule(schedule, n=None)
+    steps_list = validate_schedule(schedule)
     drafts = dict(drafts or {})
     unknown = sorted(set(drafts) - set(range(len(steps_list))))
     if unknown:
@@ -326,7 +322,7 @@ def compressor_run(
     for i, (start, end) in enumerate(steps_list):
         chunk = drafts.get(i, x[:, start:end])
         if chunk.shape[1] != end - start:
-            source = "drafts[%d]" % i if i in drafts else f"x (length {x.shape[1]})"
+            source = f"drafts[{i}]" if i in drafts else f"x (length {x.shape[1]})"
             raise ValueError(f"step {i} ({start}, {end}) needs {end - start} inputs, {source} gives {chunk.shape[1]}")
         keep = [k for k, p in enumerate(kept_pos) if p // ratio < start // ratio]
         kept_rows = [kept_rows[k] for k in keep]
@@ -337,8 +333,7 @@ def compressor_run(
         kept_rows.extend(res.rows.split(1, dim=1))
         kept_pos.extend(int(p) for p in res.row_positions)
     rows = _cat_rows(kept_rows, x.shape[0], weights.head_dim)
-    final_ring = results[-1].ring
-    return RunResult(rows, torch.tensor(kept_pos, dtype=torch.int64), final_ring, results)
+    return RunResult(rows, torch.tensor(kept_pos, dtype=torch.int64), ring, results)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -420,9 +415,5 @@ def _check_x(x: torch.Tensor, weights: CompressorWeights) -> None:
 
 def _check_ring(ring: torch.Tensor, b: int | None = None, hd: int | None = None) -> None:
     ok = ring.dtype == torch.float32 and ring.ndim == 4 and ring.shape[2] == 2
-    ok = ok and (b is None or ring.shape[0] == b) and (hd is None or ring.shape[3] == hd)
-    if not ok:
-        raise ValueError(
-            f"ring must be fp32 [b={b if b is not None else 'b'}, S, 2, hd={hd if hd is not None else 'hd'}], "
-            f"got {ring.dtype} {tuple(ring.shape)}"
-        )
+    if not ok or ring.shape[0] != (b or ring.shape[0]) or ring.shape[3] != (hd or ring.shape[3]):
+        raise ValueError(f"ring must be fp32 [b={b}, S, 2, hd={hd}], got {ring.dtype} {tuple(ring.shape)}")

@@ -23,6 +23,7 @@ CUDA break ties differently (doc §4).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ __all__ = ["TopkStats", "order_from_keys", "torch_cpu_topk", "uses_partial_sort"
 
 _INSERTION_THRESHOLD = 16  # libstdc++ _S_threshold for __introsort_loop
 _SELECT_THRESHOLD = 3  # __introselect loops while the range is longer than 3
+_CHUNK_ELEMENTS = 1 << 20  # rows are turned into Python key lists this many elements at a time
 _UNSUPPORTED = (torch.bool, torch.complex32, torch.complex64, torch.complex128)
 
 
@@ -299,7 +301,7 @@ def torch_cpu_topk(
             raise IndexError(f"topk: dim={dim} is out of range for a 0-dim tensor; use -1 or 0")
         if not 0 <= k <= 1:
             raise ValueError(f"topk: k={k} is out of range for a 0-dim input (n=1); need k <= 1")
-        return values.clone(), torch.zeros((), dtype=torch.int64)
+        return values.clone(), torch.zeros((), dtype=torch.int64, device=values.device)
     nd = values.dim()
     if not -nd <= dim < nd:
         raise IndexError(f"topk: dim={dim} is out of range for a {nd}-dim tensor")
@@ -309,13 +311,19 @@ def torch_cpu_topk(
         raise ValueError(f"topk: k={k} is out of range for dim {dim} of size n={n}; need 0 <= k <= n")
     moved = values.movedim(dim, -1)  # [..., n]
     lead = moved.shape[:-1]
-    rows = moved.reshape(-1, n)  # [R, n]
+    rows = moved.reshape(math.prod(lead), n)  # [R, n]
     stats = stats if stats is not None else TopkStats()
     if k == 0 or rows.shape[0] == 0:
-        idx = torch.zeros((rows.shape[0], k), dtype=torch.int64)
+        idx = torch.zeros((rows.shape[0], k), dtype=torch.int64, device=rows.device)
     else:
-        keys = _row_keys(rows, largest)
-        idx = torch.tensor([order_from_keys(r, k, sorted, stats) for r in keys], dtype=torch.int64)
+        src = rows.detach().cpu()
+        step = max(1, _CHUNK_ELEMENTS // max(n, 1))  # bounds the Python key lists' memory
+        picked = [
+            order_from_keys(r, k, sorted, stats)
+            for lo in range(0, src.shape[0], step)
+            for r in _row_keys(src[lo : lo + step], largest)
+        ]
+        idx = torch.tensor(picked, dtype=torch.int64).to(rows.device)
     out_vals = torch.gather(rows, 1, idx)  # [R, k]
     if values.dtype == torch.bfloat16:  # queue holds float; float->bf16 maps NaN to 0x7FC0
         canon = torch.tensor(0x7FC0, dtype=torch.int16).view(torch.bfloat16)

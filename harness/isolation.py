@@ -1,0 +1,166 @@
+"""Crash- and hang-safe execution: the implementation runs in a spawned child process.
+
+The parent (a pytest worker) sends one case id at a time and waits at most the case timeout.
+- The child dies (segfault, abort, `os._exit`, out of memory): that case is `crash`, with the exit
+  code or signal; a fresh child is started for the next case.
+- No answer in time: the child's whole process group is killed (SIGKILL) and the case is
+  `timeout`; a fresh child takes the next case.
+- A sticky CUDA error (the device is unusable after it): the case keeps its status and the child
+  is replaced before the next case, so the error is charged to the case that caused it.
+Children are started with the `spawn` method (never `fork`: CUDA and threads do not survive it)
+and put in their own session, so a kill reaches whatever they started.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from .ids import split_case_id
+from .runner import CaseResult
+
+STICKY_CUDA_MARKERS = ("CUDA error", "device-side assert", "illegal memory access", "cudaErrorIllegalAddress",
+                       "unspecified launch failure", "CUBLAS_STATUS_EXECUTION_FAILED")
+
+
+def _child_main(conn, run_config: dict) -> None:
+    """Child loop: build the executor in-process, answer case ids until told to stop."""
+    os.setsid()  # own process group: the parent can kill everything this child starts
+    from .execution import CaseExecutor
+
+    executor = CaseExecutor.from_run({**run_config, "isolate": False})
+    try:
+        executor.impl()
+    except Exception as exc:  # reported on the first case, so the run still writes results
+        conn.send(("broken", f"{type(exc).__name__}: {exc}"))
+    else:
+        conn.send(("ready", ""))
+    while True:
+        try:
+            case_id = conn.recv()
+        except EOFError:
+            return
+        if case_id is None:
+            return
+        result = executor.run(case_id)
+        conn.send(("result", result.to_json()))
+
+
+@dataclass
+class _Child:
+    process: mp.Process
+    conn: object
+
+
+class IsolatedWorker:
+    """Runs cases for a `CaseExecutor` in a spawned child with a per-case timeout."""
+
+    def __init__(self, executor):
+        self.executor = executor
+        self.run_config = {
+            "config": str(executor.config.path),
+            "impl": {"name": executor.spec.name, "kind": executor.spec.kind, "target": executor.spec.target,
+                     "root": executor.spec.root, "conf": executor.spec.conf},
+            "device": executor.device,
+            "timeout": executor.timeout,
+        }
+        self.child: _Child | None = None
+        self.broken = ""
+
+    def run(self, case_id: str) -> CaseResult:
+        component = split_case_id(case_id)[0]
+        start = time.perf_counter()
+        if self.child is None:
+            self._start()
+        if self.broken:
+            return CaseResult(case_id, component, "error", f"the implementation could not be loaded in the worker: {self.broken}")
+        child = self.child
+        try:
+            child.conn.send(case_id)
+        except (BrokenPipeError, OSError):
+            self._stop(kill=True)
+            return self.run(case_id)
+        deadline = start + self.executor.timeout
+        while True:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                self._stop(kill=True)
+                return CaseResult(case_id, component, "timeout",
+                                  f"no result after {self.executor.timeout:g} s; the worker's process group was killed "
+                                  "and a fresh worker took the next case (raise --timeout if the case is just slow)",
+                                  duration_s=time.perf_counter() - start)
+            try:
+                ready = child.conn.poll(min(remaining, 0.5))
+            except (EOFError, OSError):
+                ready = True
+            if ready:
+                try:
+                    kind, payload = child.conn.recv()
+                except (EOFError, OSError):
+                    return self._crashed(case_id, component, start)
+                result = CaseResult.from_json(payload)
+                if any(m in result.message for m in STICKY_CUDA_MARKERS):
+                    result.message += "\n(the worker was restarted after this CUDA error)"
+                    self._stop(kill=True)
+                return result
+            if not child.process.is_alive():
+                return self._crashed(case_id, component, start)
+
+    def _crashed(self, case_id: str, component: str, start: float) -> CaseResult:
+        process = self.child.process
+        process.join(timeout=5)
+        code = process.exitcode
+        if code is not None and code < 0:
+            try:
+                how = f"killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"killed by signal {-code}"
+        else:
+            how = f"exited with code {code}"
+        self._stop(kill=True)
+        return CaseResult(case_id, component, "crash",
+                          f"the implementation's process {how} while running this case; a fresh worker took the next case",
+                          duration_s=time.perf_counter() - start)
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        process = ctx.Process(target=_child_main, args=(child, self.run_config), daemon=True)
+        process.start()
+        child.close()
+        self.child = _Child(process, parent)
+        # Wait for the child to load the implementation (import time does not count against a case).
+        if parent.poll(max(60.0, self.executor.timeout)):
+            try:
+                kind, payload = parent.recv()
+            except (EOFError, OSError):
+                kind, payload = "broken", "the worker died while loading the implementation"
+            self.broken = payload if kind == "broken" else ""
+        else:
+            self.broken = "the worker did not finish loading the implementation in time"
+
+    def _stop(self, kill: bool) -> None:
+        if self.child is None:
+            return
+        process = self.child.process
+        if kill and process.is_alive():
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                process.kill()
+        process.join(timeout=5)
+        try:
+            self.child.conn.close()
+        except OSError:
+            pass
+        self.child = None
+        self.broken = ""
+
+    def __del__(self):
+        try:
+            self._stop(kill=True)
+        except Exception:
+            pass

@@ -1,0 +1,57 @@
+"""Shared fixtures: a throw-away copy of the project to break, and a CLI runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def make_project(dest: Path, components: list[str] | None = None) -> Path:
+    """Copy conformance.yaml, cases and goldens (optionally only some components) into dest."""
+    shutil.copy(ROOT / "conformance.yaml", dest / "conformance.yaml")
+    shutil.copytree(ROOT / "examples", dest / "examples")
+    (dest / "cases").mkdir()
+    (dest / "goldens").mkdir()
+    manifest = json.loads((ROOT / "goldens" / "MANIFEST.json").read_text())
+    keep = {}
+    for case_id, entry in manifest["cases"].items():
+        component = case_id.split("/")[0]
+        if components is None or component in components:
+            keep[case_id] = entry
+            target = dest / "goldens" / entry["file"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / "goldens" / entry["file"], target)
+    (dest / "goldens" / "MANIFEST.json").write_text(json.dumps({**manifest, "cases": keep}, indent=1))
+    for path in (ROOT / "cases").glob("*.yaml"):
+        text = path.read_text()
+        first = text.split("\n", 1)[0]
+        if components is None or any(first == f"component: {c}" for c in components):
+            shutil.copy(path, dest / "cases" / path.name)
+    return dest
+
+
+def results(report_dir: Path) -> dict:
+    return json.loads((report_dir / "results.json").read_text())
+
+
+def statuses(doc: dict) -> dict[str, str]:
+    return {c["id"]: c["status"] for c in doc["cases"]}
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return make_project(tmp_path)

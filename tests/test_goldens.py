@@ -1,0 +1,96 @@
+"""Golden life cycle: the frozen goldens regenerate bit-identically; corruption is caught."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import make_project, results, run_cli, statuses
+
+
+def test_generate_check_matches_frozen_goldens():
+    proc = run_cli("generate", "--check")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 drifted, 0 error(s)" in proc.stdout
+
+
+def test_verify_passes_on_the_frozen_tree():
+    proc = run_cli("verify")
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_list_shows_components_and_cases():
+    proc = run_cli("list", "--select", "quant.e2m1")
+    assert proc.returncode == 0 and "quant.e2m1/midpoints" in proc.stdout
+    proc = run_cli("list", "--components")
+    assert "rope.apply" in proc.stdout and "out.y: bf16" in proc.stdout
+
+
+def _corrupt(project, case_id, how):
+    manifest = json.loads((project / "goldens" / "MANIFEST.json").read_text())
+    path = project / "goldens" / manifest["cases"][case_id]["file"]
+    data = bytearray(path.read_bytes())
+    if how == "truncate":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    elif how == "flip":
+        data[-5] ^= 0x40
+        path.write_bytes(bytes(data))
+    elif how == "delete":
+        path.unlink()
+    elif how == "unlist":
+        del manifest["cases"][case_id]
+        (project / "goldens" / "MANIFEST.json").write_text(json.dumps(manifest))
+    return path
+
+
+def test_corrupt_missing_and_unlisted_goldens_are_errors_and_the_run_goes_on(tmp_path):
+    project = make_project(tmp_path, ["quant.e2m1", "norm.rms"])
+    broken = {
+        "quant.e2m1/midpoints": ("truncate", "does not match MANIFEST.json"),
+        "quant.e2m1/uniform-4096": ("flip", "does not match MANIFEST.json"),
+        "norm.rms/latent-6x128": ("delete", "golden missing"),
+        "norm.rms/latent-4x512": ("unlist", "not listed in MANIFEST.json"),
+    }
+    for case_id, (how, _) in broken.items():
+        _corrupt(project, case_id, how)
+    report = tmp_path / "rep"
+    proc = run_cli("run", "--impl", "reference", "--report-dir", str(report), "--config", str(project / "conformance.yaml"),
+                   "--no-isolate")
+    assert proc.returncode == 1
+    doc = results(report)
+    got = statuses(doc)
+    for case_id, (_, text) in broken.items():
+        assert got[case_id] == "error", case_id
+        message = next(c["message"] for c in doc["cases"] if c["id"] == case_id)
+        assert text in message and case_id.split("/")[1] in message, message
+    assert got["norm.rms/qr-3x1280-zero-row"] == "pass"
+    verify = run_cli("verify", "--config", str(project / "conformance.yaml"))
+    assert verify.returncode == 1 and verify.stdout.count("BAD ") == 4
+
+
+def test_drift_is_reported_per_case_without_writing(tmp_path):
+    project = make_project(tmp_path, ["norm.rms"])
+    spec = project / "cases" / "norm_rms.yaml"
+    spec.write_text(spec.read_text().replace("row_scales: [0.2, 5.0]", "row_scales: [0.2, 5.5]"))
+    before = (project / "goldens" / "norm.rms" / "latent-4x512.safetensors").read_bytes()
+    proc = run_cli("generate", "--check", "--config", str(project / "conformance.yaml"))
+    assert proc.returncode == 1
+    assert "DRIFT norm.rms/latent-4x512" in proc.stdout and proc.stdout.count("DRIFT") == 1
+    assert (project / "goldens" / "norm.rms" / "latent-4x512.safetensors").read_bytes() == before
+
+
+def test_generation_refuses_a_tolerance_that_accepts_trivial_answers(tmp_path):
+    project = make_project(tmp_path, ["norm.rms"])
+    config = project / "conformance.yaml"
+    config.write_text(config.read_text().replace("components: {}", "components:\n    norm.rms: {ulps: 4096, rel_l2: 2.0}"))
+    proc = run_cli("generate", "--config", str(config))
+    assert proc.returncode == 1
+    assert "too loose" in proc.stderr and "all zeros" in proc.stderr
+
+
+def test_generate_select_rewrites_only_selected_and_keeps_the_manifest(tmp_path):
+    project = make_project(tmp_path, ["norm.rms", "quant.e2m1"])
+    manifest_before = json.loads((project / "goldens" / "MANIFEST.json").read_text())
+    proc = run_cli("generate", "--select", "norm.rms/*", "--config", str(project / "conformance.yaml"))
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote 0" in proc.stdout  # identical bytes: nothing rewritten
+    assert json.loads((project / "goldens" / "MANIFEST.json").read_text()) == manifest_before
