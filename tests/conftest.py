@@ -55,3 +55,9 @@ def statuses(doc: dict) -> dict[str, str]:
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     return make_project(tmp_path)
+
+
+def pytest_configure(config):
+    import torch
+
+    torch.set_num_threads(1)  # xdist workers share 2 cores; oversubscription makes tests crawl
