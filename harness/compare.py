@@ -195,8 +195,12 @@ def _compare_index(
         verdict.metrics["rows_exact"] = None
         return verdict
     offset = int(params.get(policy.offset_param, 0)) if policy.offset_param else 0
+    scores = aux[policy.scores]
+    if scores.dtype in (torch.bfloat16, torch.float16):
+        scores = scores.float()  # exact widening, as torch's CPU top-k compares them
     result = classify_index_rows(
-        expected, actual, aux[policy.scores], offset=offset, largest=policy.largest, order=policy.order
+        expected, actual, scores, offset=offset, largest=bool(params.get("largest", policy.largest)),
+        order=policy.order
     )
     metrics = {"rows": result.rows, "rows_exact": result.exact, "rows_tie": result.tie, "rows_miss": result.miss}
     if result.tie == 0 and result.miss == 0:

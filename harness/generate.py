@@ -90,7 +90,8 @@ def discrimination_problems(component: Component, golden: Golden, neighbour: Gol
         for label, wrong in _wrong_answers(name, expected, golden, neighbour):
             if wrong.dtype != expected.dtype or wrong.shape != expected.shape or torch.equal(_bits(wrong), _bits(expected)):
                 continue
-            verdict = compare_output(name, expected, wrong, policy, golden.aux, params)
+            verdict = compare_output(name, expected, wrong, policy,
+                                     {**{f"in.{k}": v for k, v in golden.inputs.items()}, **golden.aux}, params)
             if verdict.ok:
                 problems.append(f"output '{name}' accepts {label} under {policy.describe()}")
     return problems

@@ -56,7 +56,7 @@ def golden_path(goldens_dir: Path, case_id: str) -> Path:
 
 
 def encode(golden: Golden) -> bytes:
-    tensors = {k: v.detach().contiguous().cpu() for k, v in sorted(golden.tensors().items())}
+    tensors = {k: v.detach().cpu().clone().contiguous() for k, v in sorted(golden.tensors().items())}
     meta = json.dumps(golden.meta, sort_keys=True, separators=(",", ":"))
     return st_save(tensors, metadata={"conformance": meta})
 

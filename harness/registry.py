@@ -33,7 +33,7 @@ class OutputSpec:
     name: str
     kind: str
     doc: str = ""
-    scores: str | None = None  # index kind: aux tensor of reference scores
+    scores: str | None = None  # index kind: aux tensor of reference scores ("in.<name>" for an input)
     order: str = "sequence"
     largest: bool = True
     offset_param: str | None = None

@@ -135,9 +135,10 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
         return
     failures, attribute_errors = [], []
     first_step = None
+    judged_with = {**{f"in.{k}": v for k, v in golden.inputs.items()}, **golden.aux}
     for name in sorted(expected_names):
         policy = config.policy(component, name, impl_conf)
-        verdict = compare_output(name, golden.outputs[name], actual[name], policy, golden.aux, params)
+        verdict = compare_output(name, golden.outputs[name], actual[name], policy, judged_with, params)
         result.outputs[name] = {"ok": verdict.ok, "policy": policy.describe(), **verdict.metrics}
         if verdict.metrics.get("rows_tie"):
             result.tie_rows += verdict.metrics["rows_tie"]

@@ -38,10 +38,9 @@ def test_select_and_report_rerender(tmp_path):
 
 
 def test_ties_away_from_zero_fails_exactly_the_e2m1_components(tmp_path):
-    project = make_project(tmp_path / "p" if (tmp_path / "p").mkdir() is None else tmp_path, NUMERIC)
     report = tmp_path / "rep"
     proc = run_cli("run", "--impl", f"{ROOT}/tests/impls/wrong.py:TiesAwayE2M1", "--report-dir", str(report),
-                   "--config", str(project / "conformance.yaml"), "--no-isolate")
+                   "--select", ",".join(NUMERIC), "--no-isolate")
     assert proc.returncode == 1
     doc = results(report)
     verdicts = {name: e["verdict"] for name, e in doc["components"].items()}
@@ -121,6 +120,21 @@ def test_half_supported_implementation_is_unsupported_not_failed(tmp_path):
     doc = results(report)
     assert {c["status"] for c in doc["cases"] if not c["component"].startswith("quant.")} == {"unsupported"}
     assert doc["components"]["norm.rms"]["verdict"] == "unsupported"
+
+
+def test_a_full_run_fails_components_below_their_floor(tmp_path):
+    project = make_project(tmp_path, ["quant.e2m1", "norm.rms"])
+    config = project / "conformance.yaml"
+    config.write_text(config.read_text().replace("floors:\n  default: 1", "floors:\n  default: 1\n  norm.rms: 9"))
+    report = tmp_path / "rep"
+    proc = run_cli("run", "--impl", "reference", "--config", str(config), "--report-dir", str(report), "--no-isolate")
+    assert proc.returncode == 1
+    doc = results(report)
+    assert all(c["status"] == "pass" for c in doc["cases"])
+    assert doc["components"]["norm.rms"]["verdict"] == "fail"
+    assert any("norm.rms: ran 4 case(s), fewer than its floor of 9" in p for p in doc["problems"])
+    # components with no goldens at all fail too: nothing goes green on empty
+    assert doc["components"]["rope.apply"]["verdict"] == "fail"
 
 
 def test_nothing_supported_does_not_pass(tmp_path):

@@ -160,8 +160,10 @@ def test_chunk_window_ids_hand_values():
     assert new[0, :, 0].tolist() == [9.0, 1.0, 9.0, 9.0]       # slots 10%4, 11%4, 12%4
 
 
-def _logical(res, offset):
+def _logical(res, offset, width=4):
+    """Compressed ids without the step's offset, padded with -1 to index_topk lanes."""
     c = res.compressed_ids
+    c = torch.nn.functional.pad(c, (0, width - c.shape[-1]), value=-1)
     return torch.where(c >= 0, c - offset, -1)
 
 
@@ -199,6 +201,8 @@ def _assert_equivalent(run_a, sched_a, run_b, sched_b):
             continue
         diff = (ids_a[layer].sort(-1).values != ids_b[layer].sort(-1).values).any(-1)  # [b, T]
         for bi, t in diff.nonzero().tolist():
+            assert torch.equal(sc_a[layer][bi, t], sc_b[layer][bi, t]), \
+                f"layer {layer} position {t}: index scores differ"
             for ids, sc in ((ids_a, sc_a), (ids_b, sc_b)):
                 chosen = ids[layer][bi, t]
                 kth = sc[layer][bi, t, chosen[chosen >= 0]].min()

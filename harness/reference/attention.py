@@ -40,7 +40,6 @@ independent, as §11 recommends.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -49,7 +48,7 @@ import torch
 
 from harness.reference.candidates import select_candidate_blocks
 from harness.reference.compressor import CompressorWeights, compressor_step
-from harness.reference.config import AttnConfig, LayerRole, layer_roles, rope_params
+from harness.reference.config import AttnConfig, layer_roles, rope_params
 from harness.reference.indexer import IndexerWeights, indexer_forward
 from harness.reference.kv_finish import kv_finish
 from harness.reference.numerics import fp8_qdq_ue8m0, linear_bf16, rms_norm
@@ -154,19 +153,9 @@ def init_weights(cfg: AttnConfig, seed: int) -> tuple[LayerWeights, ...]:
 # ----------------------------------------------------------------------------- helpers
 
 
-@functools.lru_cache(maxsize=8)
-def _table(**params) -> torch.Tensor:
-    return freqs_table(**params)
-
-
 def rope_table(cfg: AttnConfig, ratio: int) -> torch.Tensor:
-    """fp32 [max_seq_len, rope/2, 2]: the layer's table (§2.2). Shared; do not modify."""
-    return _table(**rope_params(cfg, ratio))
-
-
-@functools.lru_cache(maxsize=8)
-def _roles(cfg: AttnConfig) -> tuple[LayerRole, ...]:
-    return layer_roles(cfg)
+    """fp32 [max_seq_len, rope/2, 2]: the table a layer of this ratio uses (§2.2)."""
+    return freqs_table(**rope_params(cfg, ratio))
 
 
 def _per_token(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -215,7 +204,7 @@ def attention_step(layer: int, cfg: AttnConfig, weights: LayerWeights, state: La
     "fixed" (key-owning sources publish every step, so each reads its own keys).
     """
     check_policy(policy)
-    role = _roles(cfg)[layer]
+    role = layer_roles(cfg)[layer]
     b, S, dim = x.shape
     end = start + S
     if x.dtype != torch.bfloat16 or dim != cfg.dim or S < 1:

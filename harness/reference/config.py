@@ -70,12 +70,12 @@ class AttnConfig:
 
     @property
     def softmax_scale(self) -> float:
-        """Attention scale head_dim^-0.5 as a Python float (M:~640)."""
+        """Attention scale head_dim^-0.5 as a Python float (§5.1)."""
         return self.head_dim ** -0.5
 
     @property
     def index_softmax_scale(self) -> float:
-        """Indexer scale index_head_dim^-0.5 as a Python float (M:~520)."""
+        """Indexer scale index_head_dim^-0.5 as a Python float (§4.1)."""
         return self.index_head_dim ** -0.5
 
 
