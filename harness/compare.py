@@ -190,6 +190,10 @@ def _compare_index(
 ) -> OutputVerdict:
     from .index_verdict import classify_index_rows
 
+    if torch.equal(expected, actual):
+        # identical to the reference, whose ids passed the invariants when it was generated
+        rows = expected.reshape(-1, expected.shape[-1]).shape[0] if expected.dim() else 1
+        return OutputVerdict(name, True, metrics={"rows": rows, "rows_exact": rows, "rows_tie": 0, "rows_miss": 0})
     if policy.scores is None or policy.scores not in aux:
         verdict = _compare_exact(name, expected, actual)
         verdict.metrics["rows_exact"] = None

@@ -34,9 +34,19 @@ class Config:
     default_floor: int | None = None
     impls: dict[str, dict[str, Any]] = field(default_factory=dict)
     path: Path | None = None
+    _policies: dict = field(default_factory=dict, repr=False)
 
     def policy(self, component: Component, output: str, impl: dict[str, Any] | None = None) -> Policy:
+        """The resolved policy of one output (step outputs `sNN.x` resolve like `x`); cached."""
         spec = component.output_spec(output)
+        own = (bool(impl.get("accept_ties")), repr((impl.get("tolerances") or {}).get(component.name))) if impl else None
+        key = (component.name, spec.name, own)
+        cached = self._policies.get(key)
+        if cached is None:
+            cached = self._policies[key] = self._resolve(component, spec, impl)
+        return cached
+
+    def _resolve(self, component: Component, spec, impl: dict[str, Any] | None) -> Policy:
         policy = spec.base_policy()
         where = str(self.path or CONFIG_NAME)
         defaults = (self.tolerances.get("defaults") or {}).get(spec.kind) or {}
