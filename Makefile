@@ -4,6 +4,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 # The CPU wheel; the package metadata accepts a range so GPU users keep their own torch.
 TORCH_PIN ?= torch==2.13.0
+# Triton runs the example kernels in tests on the CPU (TRITON_INTERPRET=1) and natively on GPUs.
+TRITON_PIN ?= triton==3.9.0
 REPORT_DIR ?= reports/reference
 
 .PHONY: install run test generate check verify bench clean
@@ -11,7 +13,7 @@ REPORT_DIR ?= reports/reference
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q "$(TORCH_PIN)" "$(TRITON_PIN)"
 	$(PY) -m pip install -q -e .
 	touch $@
 

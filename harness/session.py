@@ -33,6 +33,7 @@ from . import __version__
 from .adapters.loader import instantiate, resolve
 from .cases import load_cases
 from .config import Config
+from .errors import UsageError
 from .expectations import apply_expectations, load_expectations
 from .golden import MANIFEST, discover, read_manifest
 from .ids import matches, split_case_id
@@ -78,7 +79,14 @@ def run(config: Config, options: RunOptions) -> dict:
     from .pytest_plugin import RUN_SUFFIX, ResultCollector
 
     spec = resolve(options.impl, config)
-    instantiate(spec)  # fail fast (exit 2) on an implementation that cannot even be loaded
+    impl = instantiate(spec)  # fail fast (exit 2) on an implementation that cannot even be loaded
+    prepare = getattr(impl, "prepare", None)
+    if callable(prepare):
+        # Build extensions once, here, before workers start (each worker then loads the cached build).
+        try:
+            prepare()
+        except Exception as exc:
+            raise UsageError(f"--impl {options.impl}: prepare() failed: {type(exc).__name__}: {exc}") from None
     expectations = load_expectations(spec.conf, config.root, f"{config.path}: impls.{spec.name}")
     ids = select_case_ids(config, options.select)
     if options.shard:
