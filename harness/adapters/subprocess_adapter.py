@@ -1,0 +1,151 @@
+"""The language-neutral adapter: a command that reads and writes safetensors files.
+
+See docs/subprocess-protocol.md for the full protocol. In short, for each call the harness writes
+the inputs (plus every scalar param as a 0-dim tensor `param.<name>`, and all params as JSON in
+the metadata key `params`) to a safetensors file, and the program writes its outputs to another.
+- single mode: `COMMAND run COMPONENT INPUTS OUTPUTS` once per call; exit 0 means success.
+- batch mode (`batch: true`): `COMMAND serve` stays alive; the harness writes
+  `run COMPONENT INPUTS OUTPUTS` lines to its stdin and reads one line back per request:
+  `ok` or `error <message>`.
+Capabilities: `supports:` in conformance.yaml, or else the output of `COMMAND components`
+(one component name per line), asked once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..errors import UsageError
+
+
+class ImplementationError(RuntimeError):
+    """The external program reported an error or broke the protocol."""
+
+
+def _command(conf: dict[str, Any], name: str, root: Path) -> list[str]:
+    command = conf.get("command")
+    if isinstance(command, str):
+        command = shlex.split(command)
+    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
+        raise UsageError(f"conformance.yaml: impls.{name}.command must be a string or a list of strings")
+    first = Path(command[0])
+    if not first.is_absolute() and (root / first).exists():
+        command = [str(root / first), *command[1:]]
+    return command
+
+
+def scalar_params(params: dict[str, Any]) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, value in params.items():
+        if isinstance(value, bool):
+            out[f"param.{key}"] = torch.tensor(int(value), dtype=torch.int64)
+        elif isinstance(value, int):
+            out[f"param.{key}"] = torch.tensor(value, dtype=torch.int64)
+        elif isinstance(value, float):
+            out[f"param.{key}"] = torch.tensor(value, dtype=torch.float64)
+    return out
+
+
+class SubprocessAdapter:
+    def __init__(self, name: str, command: list[str], batch: bool, supports: list[str] | None, root: Path,
+                 call_timeout: float | None = None):
+        self.name = name
+        self.command = command
+        self.batch = batch
+        self.root = root
+        self.call_timeout = call_timeout
+        self._supports = set(supports) if supports is not None else None
+        self._server: subprocess.Popen | None = None
+        self._tmp = tempfile.TemporaryDirectory(prefix="conformance-io-")
+        self._count = 0
+
+    @classmethod
+    def from_conf(cls, name: str, conf: dict[str, Any], root: Path) -> SubprocessAdapter:
+        supports = conf.get("supports")
+        if supports is not None and (not isinstance(supports, list) or not all(isinstance(s, str) for s in supports)):
+            raise UsageError(f"conformance.yaml: impls.{name}.supports must be a list of component names")
+        adapter = cls(name, _command(conf, name, root), bool(conf.get("batch", False)), supports, root)
+        if not Path(adapter.command[0]).exists() and not _on_path(adapter.command[0]):
+            raise UsageError(f"impls.{name}: command {adapter.command[0]!r} not found (build it first?)")
+        return adapter
+
+    def supports(self, component: str) -> bool:
+        if self._supports is None:
+            proc = subprocess.run([*self.command, "components"], capture_output=True, text=True, timeout=60, cwd=self.root)
+            if proc.returncode != 0:
+                raise ImplementationError(f"`{' '.join(self.command)} components` exited {proc.returncode}: {proc.stderr[-500:]}")
+            self._supports = {line.strip() for line in proc.stdout.splitlines() if line.strip()}
+        return component in self._supports
+
+    def run(self, component: str, inputs: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, torch.Tensor]:
+        self._count += 1
+        folder = Path(self._tmp.name)
+        in_path, out_path = folder / f"in{self._count}.safetensors", folder / f"out{self._count}.safetensors"
+        tensors = {k: v.detach().cpu().contiguous() for k, v in inputs.items()}
+        tensors.update(scalar_params(params))
+        save_file(tensors, str(in_path), metadata={"component": component, "params": json.dumps(params)})
+        try:
+            if self.batch:
+                self._request(component, in_path, out_path)
+            else:
+                proc = subprocess.run([*self.command, "run", component, str(in_path), str(out_path)],
+                                      capture_output=True, text=True, cwd=self.root)
+                if proc.returncode != 0:
+                    raise ImplementationError(f"exited with code {proc.returncode}: {proc.stderr.strip()[-1000:]}")
+            if not out_path.exists():
+                raise ImplementationError(f"wrote no output file {out_path.name}")
+            return load_file(str(out_path))
+        finally:
+            for path in (in_path, out_path):
+                if path.exists():
+                    path.unlink()
+
+    def _request(self, component: str, in_path: Path, out_path: Path) -> None:
+        if self._server is None or self._server.poll() is not None:
+            self._server = subprocess.Popen([*self.command, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            stderr=None, text=True, bufsize=1, cwd=self.root)
+        server = self._server
+        try:
+            server.stdin.write(f"run {component} {in_path} {out_path}\n")
+            server.stdin.flush()
+        except BrokenPipeError:
+            raise ImplementationError(f"the batch process exited with code {server.wait()}") from None
+        line = server.stdout.readline()
+        if not line:
+            code = server.wait()
+            self._server = None
+            raise ImplementationError(f"the batch process exited (code {code}) without answering")
+        line = line.strip()
+        if line == "ok":
+            return
+        if line.startswith("error"):
+            raise ImplementationError(line[5:].strip() or "error")
+        raise ImplementationError(f"protocol error: expected 'ok' or 'error <message>', got {line[:200]!r}")
+
+    def close(self) -> None:
+        if self._server is not None and self._server.poll() is None:
+            try:
+                self._server.stdin.close()
+                self._server.wait(timeout=5)
+            except Exception:
+                self._server.kill()
+        self._server = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _on_path(program: str) -> bool:
+    return any((Path(p) / program).exists() for p in os.environ.get("PATH", "").split(os.pathsep))

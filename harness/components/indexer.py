@@ -1,0 +1,302 @@
+"""Indexer components: head weights, bf16 index scores, the top-k selection, the whole forward.
+
+Upstream `Indexer.forward` (M:527-580); docs/v41-reference.md §4.2, §4.4, §7, §10.3; the
+reference is `harness/reference/indexer.py`. How the ids are judged: docs/index-verdicts.md.
+
+- `indexer.weights`: w = weights_proj(x) * index_head_dim^-0.5 * index_n_heads^-0.5 (M:555).
+- `indexer.scores`: Σ_h bf16(relu(bf16(q_h · k_j)) * w_h), bf16 out (M:556-557).
+- `indexer.select`: visibility (start + t + 1) // ratio, candidate masking, torch CPU top-k,
+  ascending ids + offset, -1 tail (M:563-580). Its input is the reference's own scores, so
+  the selection is judged apart from the score rounding.
+- `indexer`: wq_b, RoPE, fp4 QDQ, head weights, scores, visibility, candidates, top-k.
+
+Quirk policy (golden metadata `params.candidate_leak`, docs §4.4 / §10.2): `upstream`
+(default) returns reachable rows that candidate masking set to -inf as valid ids when the
+kept pool is smaller than k; `drop` returns -1 for them (a runtime that scores only inside the
+kept blocks, seed A.4.2).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import CaseSpecError
+from ..reference import candidates as cd
+from ..reference import indexer as ix
+from ..reference import numerics as nx
+from ..reference import rope as rp
+from ..registry import Component, OutputSpec, register
+from .build import need, normal
+
+NINF = float("-inf")
+LEAK_POLICIES = ("upstream", "drop")
+SCORE_KINDS = ("normal", "levels", "constant", "relu", "ninf_runs")
+
+
+# --- shared pieces ---------------------------------------------------------------------------
+
+
+def _int(params: dict, key: str, component: str) -> int:
+    if key not in params:
+        raise CaseSpecError(f"{component}: params needs '{key}'")
+    return int(params[key])
+
+
+def _lens(params: dict, seqlen: int, component: str) -> torch.Tensor:
+    """int64 [S]: compressed rows each query sees, (start + t + 1) // ratio."""
+    return ix.query_compress_lens(_int(params, "start", component), seqlen, _int(params, "ratio", component))
+
+
+def _leak_policy(params: dict) -> str:
+    policy = str(params.get("candidate_leak", "upstream"))
+    if policy not in LEAK_POLICIES:
+        raise CaseSpecError(f"candidate_leak must be one of {LEAK_POLICIES}, not {policy!r}")
+    return policy
+
+
+def _drop_masked(ids: torch.Tensor, candidates: torch.Tensor, offset: int) -> torch.Tensor:
+    """`drop` policy: ids of non-candidate rows -> -1, then valid ids ascending, -1 tail.
+
+    ids int32 [b, S, k]; candidates bool [b, S, T].
+    """
+    valid = ids >= 0
+    rows = torch.where(valid, ids.long() - offset, 0)  # [b, S, k]
+    keep = valid & candidates.gather(-1, rows)
+    key = torch.where(keep, ids.long(), torch.iinfo(torch.int64).max)
+    ordered = key.sort(dim=-1).values
+    return torch.where(ordered == torch.iinfo(torch.int64).max, -1, ordered).to(ids.dtype)
+
+
+def _masked(scores: torch.Tensor, lens: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """What top-k ranks: rows >= lens[t] and non-candidates at -inf. bf16 [b, S, T]."""
+    T = scores.shape[-1]
+    visible = scores.masked_fill(torch.arange(T) >= lens[:, None], NINF)
+    return visible.masked_fill(~candidates, NINF)
+
+
+def _source_mask(spec, like: torch.Tensor, lens: torch.Tensor, gen: torch.Generator, component: str) -> torch.Tensor:
+    """Candidate mask bool [b, S, T] for a consumer case (all True when spec is None).
+
+    spec: {"rows": [[...]]} explicit flags (repeated over queries), or {"block_size": B,
+    "topk_blocks": n} for the mask a candidate source computes from its own random scores.
+    """
+    b, S, T = like.shape
+    if spec is None:
+        return torch.ones((b, S, T), dtype=torch.bool)
+    if "rows" in spec:
+        flags = torch.tensor(spec["rows"], dtype=torch.bool).reshape(-1, T)
+        return flags.repeat(-(-(b * S) // flags.shape[0]), 1)[: b * S].reshape(b, S, T)
+    source = normal(gen, [b, S, T]).masked_fill(torch.arange(T) >= lens[:, None], NINF)
+    block, top = int(need(spec, "block_size", component)), int(need(spec, "topk_blocks", component))
+    return cd.select_candidate_blocks(source, lens, top, block).mask
+
+
+# --- indexer.weights -------------------------------------------------------------------------
+
+
+def _weights_inputs(params, build, gen):
+    b, S, dim = (int(v) for v in need(build, "shape", "indexer.weights"))
+    H = int(need(build, "heads", "indexer.weights"))
+    x = normal(gen, [b, S, dim], float(build.get("x_scale", 1.0)))
+    weights_proj = normal(gen, [H, dim], float(build.get("w_scale", dim ** -0.5)))
+    return {"x": x, "weights_proj": weights_proj}
+
+
+def _weights_reference(inputs, params):
+    wp = inputs["weights_proj"]
+    D = _int(params, "index_head_dim", "indexer.weights")
+    return {"weights": ix.head_weights(inputs["x"], wp, D, wp.shape[0])}
+
+
+register(Component(
+    name="indexer.weights",
+    summary="head weights: bf16 weights_proj(x) times index_head_dim^-0.5 * index_n_heads^-0.5",
+    upstream="M:555",
+    inputs=("x", "weights_proj"),
+    outputs=(OutputSpec("weights", "bf16", "bf16 [b, S, H]; H = weights_proj rows; the multiplier is a "
+                        "Python float applied to the bf16 linear output (torch's bf16 * scalar)"),),
+    build=_weights_inputs,
+    reference=_weights_reference,
+    floor=2,
+))
+
+
+# --- indexer.scores --------------------------------------------------------------------------
+
+
+def _scores_inputs(params, build, gen):
+    if build.get("kind") == "values":  # explicit q [b, S, H, D], k [b, T, D], w [b, S, H]
+        as_bf16 = lambda key: torch.tensor(need(build, key, "indexer.scores"), dtype=torch.float32).to(torch.bfloat16)
+        return {"q": as_bf16("q"), "k": as_bf16("k"), "w": as_bf16("w")}
+    b, S, H, D, T = (int(v) for v in need(build, "shape", "indexer.scores"))
+    q = normal(gen, [b, S, H, D], float(build.get("q_scale", 1.0)))
+    k = normal(gen, [b, T, D], float(build.get("k_scale", 1.0)))
+    if build.get("qdq", True):  # what the indexer scores: post-RoPE fp4 round trips
+        q, k = nx.fp4_qdq_e8m0(q, ix.FP4_BLOCK).y, nx.fp4_qdq_e8m0(k, ix.FP4_BLOCK).y
+    w = normal(gen, [b, S, H], float(build.get("w_scale", (H * D) ** -0.5)))
+    if build.get("positive_w", False):
+        w = w.abs()
+    return {"q": q, "k": k, "w": w}
+
+
+register(Component(
+    name="indexer.scores",
+    summary="bf16 index scores: sum over heads of bf16(relu(bf16(q_h . k)) * w_h), fp32 sums",
+    upstream="M:556-557",
+    inputs=("q", "k", "w"),
+    outputs=(OutputSpec("scores", "bf16", "bf16 [b, S, T] from q [b, S, H, D], k [b, T, D], w [b, S, H]; "
+                        "einsum rounded to bf16, ReLU, product rounded, head sum rounded; zeros are +0"),),
+    build=_scores_inputs,
+    reference=lambda inputs, params: {"scores": ix.index_scores(inputs["q"], inputs["k"], inputs["w"])},
+    floor=3,
+))
+
+
+# --- indexer.select --------------------------------------------------------------------------
+
+
+def _score_rows(kinds: list[str], build: dict, gen: torch.Generator, shape: list[int]) -> torch.Tensor:
+    """fp32 [b, S, T] scores; row r (flattened b, S) takes kinds[r % len(kinds)]."""
+    b, S, T = shape
+    rows = []
+    for r in range(b * S):
+        kind = kinds[r % len(kinds)]
+        if kind == "normal":
+            row = torch.randn(T, generator=gen) * float(build.get("scale", 1.0))
+        elif kind == "levels":  # few bf16 values: dense ties at the k-th score
+            row = torch.randint(0, int(build.get("levels", 4)), (T,), generator=gen).float() * 0.5
+        elif kind == "constant":
+            row = torch.full((T,), float(build.get("value", 0.375)))
+        elif kind == "relu":  # what ReLU leaves when most heads score <= 0: mostly exact zeros
+            row = (torch.randn(T, generator=gen) - float(build.get("shift", 1.0))).relu()
+        elif kind == "ninf_runs":  # runs of -inf inside the valid prefix, ties among the rest
+            run = int(build.get("run", 3))
+            phase = int(torch.randint(0, 2 * run, (1,), generator=gen))
+            row = torch.randint(0, 3, (T,), generator=gen).float()
+            row[((torch.arange(T) + phase) // run) % 2 == 1] = NINF
+        else:
+            raise CaseSpecError(f"indexer.select: unknown score kind {kind!r}; use one of {SCORE_KINDS} or 'values'")
+        rows.append(row)
+    return torch.stack(rows).reshape(b, S, T)
+
+
+def _select_inputs(params, build, gen):
+    if "values" in build:  # explicit rows [b][S][T]
+        scores = torch.tensor(build["values"], dtype=torch.float32)
+    else:
+        shape = [int(v) for v in need(build, "shape", "indexer.select")]
+        kinds = build.get("kind", "normal")
+        scores = _score_rows([kinds] if isinstance(kinds, str) else list(kinds), build, gen, shape)
+    if scores.ndim != 3:
+        raise CaseSpecError(f"indexer.select: scores must be [b, S, T], got {list(scores.shape)}")
+    lens = _lens(params, scores.shape[1], "indexer.select")
+    if "future" in build:  # unwritten / future rows hold large stale values that must never win
+        future = torch.arange(scores.shape[-1]) >= lens[:, None]
+        scores = torch.where(future, float(build["future"]) * (1 + torch.rand(scores.shape, generator=gen)), scores)
+    scores = scores.to(torch.bfloat16)
+    return {"scores": scores, "candidates": _source_mask(build.get("candidates"), scores, lens, gen, "indexer.select")}
+
+
+def select_reference(inputs: dict, params: dict) -> dict:
+    """indexer.select: the reference selection of the given scores (see module docstring)."""
+    scores, candidates = inputs["scores"], inputs["candidates"]
+    lens = _lens(params, scores.shape[1], "indexer.select")
+    offset = int(params.get("offset", 0))
+    masked = scores.masked_fill(~candidates, NINF)
+    ids = ix.select_topk(masked, lens, _int(params, "index_topk", "indexer.select"), offset).ids
+    if _leak_policy(params) == "drop":
+        ids = _drop_masked(ids, candidates, offset)
+    return {"ids": ids}
+
+
+def _select_aux(inputs, params, outputs):
+    lens = _lens(params, inputs["scores"].shape[1], "indexer.select")
+    return {"masked_scores": _masked(inputs["scores"], lens, inputs["candidates"])}
+
+
+IDS_DOC = ("int32 [b, S, min(index_topk, T)]: selected rows ascending + offset, then -1 "
+           "(judged as a set against aux.masked_scores; docs/index-verdicts.md)")
+
+register(Component(
+    name="indexer.select",
+    summary="valid prefix (start+t+1)//ratio, candidate mask, torch CPU top-k, ascending ids + offset, -1 tail",
+    upstream="M:563-580",
+    inputs=("scores", "candidates"),
+    outputs=(OutputSpec("ids", "index", IDS_DOC, scores="masked_scores", order="set", offset_param="offset"),),
+    build=_select_inputs,
+    reference=select_reference,
+    aux=_select_aux,
+    floor=6,
+    notes="params: start, ratio, index_topk, offset, candidate_leak (upstream|drop; default upstream). "
+          "candidates is all True for a layer that does not consume candidate blocks.",
+))
+
+
+# --- indexer (the whole forward) -------------------------------------------------------------
+
+
+def _forward_inputs(params, build, gen):
+    comp = "indexer"
+    start, ratio = _int(params, "start", comp), _int(params, "ratio", comp)
+    rope_dim = _int(params, "rope_dim", comp)
+    b, S = (int(v) for v in need(build, "shape", comp))
+    dim, q_lora = int(build.get("dim", 128)), int(build.get("q_lora_rank", 64))
+    H, D = int(build.get("heads", 4)), int(build.get("head_dim", 64))
+    T = (start + S) // ratio
+    rows = max(T, int(build.get("cache_rows", T)))  # a cache longer than T: rows >= T are never read
+    keys = nx.fp4_qdq_e8m0(normal(gen, [b, rows, D]), ix.FP4_BLOCK).y  # published: post-RoPE, QDQ'd
+    table = rp.freqs_table(rope_dim, start + S, float(build.get("base", 160000.0)),
+                           int(build.get("original_seq_len", 65536)), float(build.get("factor", 16.0)))
+    inputs = {
+        "x": normal(gen, [b, S, dim]),
+        "qr": normal(gen, [b, S, q_lora]),
+        "index_k_cache": keys,
+        "wq_b": normal(gen, [H * D, q_lora], q_lora ** -0.5),
+        "weights_proj": normal(gen, [H, dim], dim ** -0.5),
+        "freqs": table[start:start + S].contiguous(),
+    }
+    lens = ix.query_compress_lens(start, S, ratio)
+    inputs["candidates"] = _source_mask(build.get("candidates"), torch.empty(b, S, T), lens, gen, comp)
+    return inputs
+
+
+def forward_reference(inputs: dict, params: dict) -> dict:
+    """indexer: the reference forward; the rope rows for positions start.. are given as `freqs`."""
+    comp = "indexer"
+    start, ratio = _int(params, "start", comp), _int(params, "ratio", comp)
+    freqs = inputs["freqs"]
+    table = torch.cat([torch.zeros((start, *freqs.shape[1:]), dtype=freqs.dtype), freqs])  # rows by position
+    offset = int(params.get("offset", 0))
+    result = ix.indexer_forward(
+        inputs["x"], inputs["qr"], inputs["index_k_cache"], start, ratio,
+        ix.IndexerWeights(inputs["wq_b"], inputs["weights_proj"]), table, _int(params, "rope_dim", comp),
+        _int(params, "index_topk", comp), offset, inputs["candidates"],
+    )
+    ids = result.ids
+    if _leak_policy(params) == "drop":
+        ids = _drop_masked(ids, inputs["candidates"], offset)
+    return {"ids": ids, "scores": result.scores}
+
+
+def _forward_aux(inputs, params, outputs):
+    lens = ix.query_compress_lens(_int(params, "start", "indexer"), inputs["x"].shape[1], _int(params, "ratio", "indexer"))
+    return {"masked_scores": _masked(outputs["scores"], lens, inputs["candidates"])}
+
+
+register(Component(
+    name="indexer",
+    summary="indexer forward: wq_b, RoPE, fp4 QDQ, head weights, scores, visibility, candidates, top-k",
+    upstream="M:550-580",
+    inputs=("x", "qr", "index_k_cache", "wq_b", "weights_proj", "freqs", "candidates"),
+    outputs=(
+        OutputSpec("ids", "index", IDS_DOC, scores="masked_scores", order="set", offset_param="offset"),
+        OutputSpec("scores", "bf16", "bf16 [b, S, T], T = (start + S) // ratio: index scores before any mask"),
+    ),
+    build=_forward_inputs,
+    reference=forward_reference,
+    aux=_forward_aux,
+    floor=5,
+    notes="params: start, ratio, rope_dim, index_topk, offset, candidate_leak. freqs holds the (cos, sin) "
+          "rows of positions start..start+S-1; index_k_cache rows >= T are never read. H comes from "
+          "weights_proj rows, D from the cache's last dim.",
+))
