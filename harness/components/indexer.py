@@ -95,6 +95,9 @@ def _source_mask(spec, like: torch.Tensor, lens: torch.Tensor, gen: torch.Genera
 
 
 def _weights_inputs(params, build, gen):
+    if build.get("kind") == "values":  # explicit x [b, S, dim], weights_proj [H, dim]
+        as_bf16 = lambda key: torch.tensor(need(build, key, "indexer.weights"), dtype=torch.float32).to(torch.bfloat16)
+        return {"x": as_bf16("x"), "weights_proj": as_bf16("weights_proj")}
     b, S, dim = (int(v) for v in need(build, "shape", "indexer.weights"))
     H = int(need(build, "heads", "indexer.weights"))
     x = normal(gen, [b, S, dim], float(build.get("x_scale", 1.0)))

@@ -6,6 +6,10 @@ passes the state the implementation returned at the previous step (never the ref
 harness really chunks), and records every output as `s<step>.<name>` (`s00.rows`, `s01.ring`).
 The generator runs the same driver with the reference, so goldens hold the reference's state
 after every step and the comparator can name the first divergent step.
+
+A component may record something other than the raw step result through `derive` (for example
+the compressor records its ring's live slots, not the whole ring, so an implementation is never
+judged on slots no future step reads). Without `derive`, every returned output is recorded.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from ..registry import Call, Params, Tensors
 from ..runner import StepError
 
 StepInputs = Callable[[Tensors, int, int, int], Tensors]  # (inputs, step, start, end) -> step inputs
+Derive = Callable[[Tensors, Tensors, Params], Tensors]  # (step inputs, step result, step params) -> recorded
 
 
 def step_name(step: int, name: str) -> str:
@@ -25,12 +30,15 @@ def step_name(step: int, name: str) -> str:
 
 
 def drive_steps(call: Call, inputs: Tensors, params: Params, step_inputs: StepInputs,
-                state: dict[str, str], outputs: tuple[str, ...]) -> Tensors:
+                state: dict[str, str], outputs: tuple[str, ...], derive: Derive | None = None) -> Tensors:
     """Run every step of `params["schedule"]`.
 
     state: maps a state output name to the input name it feeds at the next step (for example
     {"ring": "ring"}); the first step gets the golden's initial state from `inputs`.
     outputs: the names each step must return (state names included).
+    derive: optional; maps (the step's inputs, its validated result, the step params) to the
+    tensors recorded for that step. A ValueError it raises (a malformed state, say) becomes a
+    StepError of that step. The state carried to the next step is always the raw result.
     """
     schedule = [(int(a), int(b)) for a, b in params["schedule"]]
     carried = {in_name: inputs[in_name] for in_name in state.values()}
@@ -52,6 +60,13 @@ def drive_steps(call: Call, inputs: Tensors, params: Params, step_inputs: StepIn
             value = result[name]
             if not isinstance(value, torch.Tensor):
                 raise StepError(i, f"output {name!r} is a {type(value).__name__}, not a tensor")
+        record = {name: result[name] for name in outputs}
+        if derive is not None:
+            try:
+                record = derive(step_in, record, step_params)
+            except ValueError as exc:
+                raise StepError(i, f"[{start}, {end}) {exc}") from exc
+        for name, value in record.items():
             recorded[step_name(i, name)] = value.detach().cpu()
         carried = {in_name: result[out_name] for out_name, in_name in state.items()}
     return recorded

@@ -160,3 +160,29 @@ class ManyBugs(ReferenceAdapter):
         if bug is None:
             return super().run(component, inputs, params)
         return bug().run(component, inputs, params)
+
+
+class Chaos(ReferenceAdapter):
+    """Every way an implementation can go wrong, one per case, for the isolation tests."""
+
+    def supports(self, component):
+        return component != "quant.fp4_e4m3"
+
+    def run(self, component, inputs, params):
+        shape = tuple(inputs["x"].shape) if "x" in inputs else ()
+        if component == "norm.rms" and shape[-1] == 512:
+            os.kill(os.getpid(), 11)  # SIGSEGV
+        if component == "norm.rms" and shape[-1] == 1280:
+            import time
+
+            time.sleep(3600)
+        if component == "linear.f32" and shape[-1] == 1024:
+            os._exit(3)
+        if component == "quant.fp8_ue8m0":
+            raise ValueError("unsupported block layout")
+        out = super().run(component, inputs, params)
+        if component == "rope.apply" and shape[-1] == 512:
+            y = out["y"].clone()
+            y.view(-1)[0] = float("nan")
+            out["y"] = y
+        return out

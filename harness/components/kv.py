@@ -1,0 +1,124 @@
+"""What happens to a compressed row before it is cached (`kv.finish`) and what the caches cost
+(`cache.bytes`).
+
+Upstream: `Attention._compress_kv` (M:746-761) and the indexer's key branch (M:537-548); see
+docs/v41-reference.md §3.4, §4.2 step 1, §2.4 and seed 000 §A.3, §A.5. The arithmetic is
+`harness/reference/kv_finish.py` and `harness/reference/cache_layout.py`.
+
+- `kv.finish`: for G compressor rows (pre-RoPE latents) and their group numbers j, the main row
+  (RoPE on the last rope_dim channels at the group's FIRST position j*r with the compressed
+  layers' YaRN table, then fp4 QDQ with e4m3 scales, block 16) and the index key (wk in bf16,
+  k_norm, RoPE at the same position, fp4 QDQ with power-of-two scales, block 32), each as the
+  reference stores it (bf16 values) and as a kernel would store it (packed e2m1 nibbles and
+  scale bytes). The implementation receives the table for positions 0..P-1 and derives the
+  position j*r itself.
+- `cache.bytes`: payload bytes per row and per allocator block, and the C2 state payload.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import CaseSpecError
+from ..reference import cache_layout as cl
+from ..reference import kv_finish as kf
+from ..reference import rope as rp
+from ..reference.numerics import rms_norm
+from ..registry import Component, OutputSpec, register
+from .build import need, normal, tile_to
+
+# The compressed layers' RoPE table (§2.2): compress_rope_theta with YaRN, production constants.
+COMPRESSED_TABLE = {"base": 160000.0, "original_seq_len": 65536, "factor": 16.0, "beta_fast": 32.0, "beta_slow": 1.0}
+
+
+# --- kv.finish ----------------------------------------------------------------------------------
+
+
+def _finish_inputs(params, build, gen):
+    ratio, rope_dim = int(params.get("ratio", 2)), int(params["rope_dim"])
+    hd, ihd, b = (int(need(build, k, "kv.finish")) for k in ("head_dim", "index_head_dim", "batch"))
+    groups = [int(j) for j in need(build, "groups", "kv.finish")]
+    if any(j < 0 for j in groups) or groups != sorted(set(groups)):
+        raise CaseSpecError(f"kv.finish: groups must be distinct, ascending and >= 0, got {groups}")
+    g = len(groups)
+    # The latent is a compressor row: RMSNorm output of bf16 pooled values, times the norm weight.
+    raw = normal(gen, [b, g, hd], 1.0, torch.float32)
+    raw = raw * tile_to([float(s) for s in build.get("row_scales", [1.0])], [b * g, 1]).reshape(b, g, 1)
+    norm_w = normal(gen, [hd], 0.1, torch.float32).add(1.0).to(torch.bfloat16)
+    latent = rms_norm(raw.to(torch.bfloat16), norm_w) * float(build.get("latent_scale", 1.0))
+    positions = (max(groups) + 1) * ratio if groups else ratio  # covers every group's last position too
+    return {
+        "latent": latent.to(torch.bfloat16),  # [b, G, hd]
+        "groups": torch.tensor(groups, dtype=torch.int64),  # [G]
+        "table": rp.freqs_table(rope_dim, positions, **COMPRESSED_TABLE),  # [P, rope_dim/2, 2]
+        "wk": normal(gen, [ihd, hd], hd ** -0.5),  # bf16 [ihd, hd]
+        "k_norm_w": normal(gen, [ihd], 0.1, torch.float32).add(1.0).to(torch.bfloat16),
+    }
+
+
+def _finish_reference(inputs, params):
+    ratio, rope_dim = int(params.get("ratio", 2)), int(params["rope_dim"])
+    positions = inputs["groups"] * ratio  # the group's first position (§2.4)
+    out = kf.kv_finish(inputs["latent"], positions, inputs["table"], rope_dim, inputs["wk"], inputs["k_norm_w"],
+                       float(params.get("eps", 1e-20)))
+    return {"main": out.main, "main_rope": out.main_rope, "main_packed": out.main_packed,
+            "main_scale_bytes": out.main_scale_bytes, "index_k": out.index_k, "index_norm": out.index_norm,
+            "index_packed": out.index_packed, "index_scale_bytes": out.index_scale_bytes}
+
+
+register(Component(
+    name="kv.finish",
+    summary="compressor row -> RoPE at j*r -> fp4/e4m3 main row; index key wk -> k_norm -> RoPE -> fp4/e8m0",
+    upstream="M:746-761 (main row), M:537-548 (index key); §3.4, §4.2",
+    inputs=("latent", "groups", "table", "wk", "k_norm_w"),
+    outputs=(
+        OutputSpec("main", "exact", "bf16 [b, G, hd]: post-RoPE row after fp4 QDQ (block 16, e4m3 scales)"),
+        OutputSpec("main_rope", "bf16", "bf16 [b, G, hd]: post-RoPE row before quantisation"),
+        OutputSpec("main_packed", "exact", "uint8 [b, G, hd/2]: e2m1 codes, element 2i in the low nibble"),
+        OutputSpec("main_scale_bytes", "exact", "uint8 [b, G, hd/16]: float8_e4m3fn scale bits"),
+        OutputSpec("index_k", "exact", "bf16 [b, G, ihd]: index key after fp4 QDQ (block 32, power-of-two scales)"),
+        OutputSpec("index_norm", "bf16", "bf16 [b, G, ihd]: k_norm(wk(latent)), before RoPE"),
+        OutputSpec("index_packed", "exact", "uint8 [b, G, ihd/2]: e2m1 codes, element 2i in the low nibble"),
+        OutputSpec("index_scale_bytes", "exact", "uint8 [b, G, ihd/32]: e8m0 biased exponents"),
+    ),
+    build=_finish_inputs,
+    reference=_finish_reference,
+    floor=3,
+    notes="groups holds each row's compressed index j; RoPE uses table row j*r (params.ratio), the group's "
+          "first position. The table is the compressed layers' YaRN table for positions 0..P-1.",
+))
+
+
+# --- cache.bytes --------------------------------------------------------------------------------
+
+BYTE_KEYS = ("fp8_main_row", "fp4_main_row", "fp4_index_row", "rows_per_block",
+             "fp8_main_block", "fp4_main_block", "fp4_index_block", "state")
+BYTE_DOCS = {
+    "fp8_main_row": "hd e4m3 bytes + hd/32 ue8m0 scale bytes (528 at hd 512)",
+    "fp4_main_row": "hd/2 e2m1 bytes + hd/16 e4m3 scale bytes (288 at hd 512)",
+    "fp4_index_row": "ihd/2 e2m1 bytes + ihd/32 ue8m0 scale bytes (68 at ihd 128)",
+    "rows_per_block": "completed rows in an allocator block of B positions: B / r",
+    "fp8_main_block": "rows_per_block * fp8_main_row (33,792 for a 128-position C2 block)",
+    "fp4_main_block": "rows_per_block * fp4_main_row (18,432)",
+    "fp4_index_block": "rows_per_block * fp4_index_row (4,352)",
+    "state": "C2 state payload S * 2 * hd * 4 (28,672 at S = 7, hd 512); 0 at ratio 1",
+}
+
+
+def _bytes_reference(inputs, params):
+    table = cl.cache_bytes(int(params["head_dim"]), int(params["index_head_dim"]), int(params["ratio"]),
+                           int(params["block_positions"]), int(params["state_slots"]))
+    return {k: torch.tensor(table[k], dtype=torch.int64) for k in BYTE_KEYS}
+
+
+register(Component(
+    name="cache.bytes",
+    summary="payload bytes per row and per block (FP8 main, FP4 main, FP4 index) and the C2 state, exact ints",
+    upstream="seed 000 §A.2, §A.5; §3.4 (bytes per row); M:760 (block 16), M:23-30 (blocks 32)",
+    inputs=(),
+    outputs=tuple(OutputSpec(k, "exact", f"int64 []: {BYTE_DOCS[k]}") for k in BYTE_KEYS),
+    build=lambda params, build, gen: {},
+    reference=_bytes_reference,
+    floor=3,
+    notes="params head_dim, index_head_dim, ratio, block_positions, state_slots; no tensor inputs.",
+))

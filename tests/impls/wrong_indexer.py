@@ -1,0 +1,129 @@
+"""Indexer, candidate and address implementations with one deliberate bug each (and one that
+is merely computed in float64), built on the reference for everything else.
+
+tests/test_components_indexer.py runs them through the real CLI and checks that exactly the
+affected cases fail, with messages that name the query row and the differing ids.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from harness.adapters.reference import ReferenceAdapter
+from harness.reference import address as ad
+from harness.reference import candidates as cd
+from harness.reference import indexer as ix
+
+NINF = float("-inf")
+
+
+@contextmanager
+def patched(module, name: str, replacement):
+    original = getattr(module, name)
+    setattr(module, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+def lowest_index_topk(values, k, dim=-1, largest=True, sorted=True):
+    """Top-k that keeps the lowest indices among ties (CUDA-like), instead of torch's CPU order."""
+    order = torch.sort(values.float(), dim=dim, descending=largest, stable=True).indices
+    idx = order.narrow(dim, 0, k)
+    return values.gather(dim, idx), idx
+
+
+class PrefixOffByOne(ReferenceAdapter):
+    """Query at position p sees (p + 2) // r compressed rows instead of (p + 1) // r."""
+
+    def run(self, component, inputs, params):
+        def lens(start, seqlen, ratio):
+            return torch.div(torch.arange(start + 2, start + seqlen + 2), ratio, rounding_mode="floor")
+
+        with patched(ix, "query_compress_lens", lens):
+            return super().run(component, inputs, params)
+
+
+def _select_whole_buffer(scores, compress_lens, k_max, offset=0):
+    """Top-k over every stored score, the valid prefix applied only afterwards (the bug)."""
+    S, T = scores.shape[1], scores.shape[2]
+    lens = torch.as_tensor(compress_lens).reshape(S, 1)
+    _, picked = torch.topk(scores, min(k_max, T), dim=-1, sorted=False)
+    picked = picked.sort(dim=-1).values
+    return ix.TopkSelection(torch.where(picked < lens, picked + offset, -1).to(torch.int32), scores)
+
+
+class WholeBufferSelect(ReferenceAdapter):
+    """Selects over the whole score buffer (future and unwritten rows included), then maps ids
+    at or past the valid prefix to -1: large stale scores crowd out valid rows."""
+
+    def run(self, component, inputs, params):
+        if component == "indexer.select":
+            with patched(ix, "select_topk", _select_whole_buffer):
+                return super().run(component, inputs, params)
+        if component == "indexer":
+            out = super().run(component, inputs, params)
+            scores = out["scores"].masked_fill(~inputs["candidates"], NINF)  # no visibility mask
+            lens = ix.query_compress_lens(int(params["start"]), scores.shape[1], int(params["ratio"]))
+            ids = _select_whole_buffer(scores, lens, int(params["index_topk"]), int(params["offset"])).ids
+            return {**out, "ids": ids}
+        return super().run(component, inputs, params)
+
+
+class LowestIndexTies(ReferenceAdapter):
+    """Breaks top-k ties by lowest index (as CUDA tends to): differs only in tie order."""
+
+    def run(self, component, inputs, params):
+        with patched(ix, "torch_cpu_topk", lowest_index_topk):
+            return super().run(component, inputs, params)
+
+
+class UnpinnedCandidates(ReferenceAdapter):
+    """Ranks candidate blocks by their maximum only: the newest reachable block is not pinned."""
+
+    def run(self, component, inputs, params):
+        if component != "candidates.select":
+            return super().run(component, inputs, params)
+        no_pin = torch.zeros_like(inputs["compress_lens"])  # compress_lens 0 pins nothing
+        sel = cd.select_candidate_blocks(inputs["logits"], no_pin, int(params["topk_blocks"]), int(params["block_size"]))
+        return {"mask": sel.mask}
+
+
+class DecodeAddressWithB(ReferenceAdapter):
+    """Decode addresses with B rows per allocator block instead of B / r."""
+
+    def run(self, component, inputs, params):
+        if component != "address.decode":
+            return super().run(component, inputs, params)
+        B, r = int(params["block_size"]), int(params["ratio"])
+        return {"slots": ad.address_decode(inputs["ids"], inputs["block_table"], B * r, r)}  # B*r / r = B rows
+
+
+def _to_bf16_via_f64(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16)  # float64 -> bf16 in one rounding (no fp32 step)
+
+
+class Float64Indexer(ReferenceAdapter):
+    """indexer.weights and indexer.scores in float64, rounded to bf16 at upstream's points: passes."""
+
+    def run(self, component, inputs, params):
+        if component == "indexer.weights":
+            x, wp = inputs["x"].double(), inputs["weights_proj"].double()
+            H, D = wp.shape[0], int(params["index_head_dim"])
+            y = _to_bf16_via_f64(x @ wp.T)
+            return {"weights": _to_bf16_via_f64(y.double() * (D ** -0.5 * H ** -0.5))}
+        if component == "indexer.scores":
+            q, k, w = inputs["q"].double(), inputs["k"].double(), inputs["w"].double()
+            dots = _to_bf16_via_f64(torch.einsum("bshd,btd->bsht", q, k)).double().relu()
+            terms = _to_bf16_via_f64(dots * w[..., None]).double()
+            return {"scores": _to_bf16_via_f64(terms.sum(dim=2)) + 0.0}
+        return super().run(component, inputs, params)
+
+
+__all__ = [
+    "DecodeAddressWithB", "Float64Indexer", "LowestIndexTies", "PrefixOffByOne", "UnpinnedCandidates",
+    "WholeBufferSelect", "lowest_index_topk",
+]
