@@ -7,6 +7,7 @@ configuration error (bad flag, malformed conformance.yaml, unknown --impl).
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -48,8 +49,9 @@ def main() -> None:
 @click.option("--timeout", type=float, default=None, help="seconds per case (default: conformance.yaml's timeout)")
 @click.option("--no-isolate", is_flag=True, help="run the implementation in the worker itself (faster, not crash-safe)")
 @click.option("--shard", default=None, help="I/N: run only shard I of N (deterministic split by case id)")
+@click.option("--pytest-args", default="", help="extra pytest arguments, e.g. \"--tx ssh=host//python=python3\"")
 @config_option
-def run(impl, select, report_dir, workers, device, timeout, no_isolate, shard, config_path):
+def run(impl, select, report_dir, workers, device, timeout, no_isolate, shard, pytest_args, config_path):
     """Run an implementation against the goldens and write the conformance report."""
     from .report import render_table, write_reports
     from .session import RunOptions
@@ -59,7 +61,8 @@ def run(impl, select, report_dir, workers, device, timeout, no_isolate, shard, c
         config = _config(config_path)
         _check_device(device)
         options = RunOptions(impl=impl, select=parse_select(select), report_dir=Path(report_dir), workers=str(workers),
-                             device=device, timeout=timeout, isolate=not no_isolate, shard=_parse_shard(shard))
+                             device=device, timeout=timeout, isolate=not no_isolate, shard=_parse_shard(shard),
+                             pytest_args=tuple(shlex.split(pytest_args)))
         doc = run_session(config, options)
     except HarnessError as exc:
         _fail_usage(exc)
