@@ -133,7 +133,10 @@ def _fp4_qdq_kernel(x_ptr, y_ptr, code_ptr, scale_ptr, nblocks,
         exponent = _pow2_exponent_ceil(tl.maximum(amax, 7.052966104933726e-38) * 0.1666666716337204)
         scale = (exponent << 23).to(tl.float32, bitcast=True)
         scale_byte = exponent
-    v = tl.math.div_rn(x, scale[:, None])  # IEEE division (inexact for e4m3 scales)
+    if E4M3:
+        v = tl.math.div_rn(x, scale[:, None])  # IEEE division, inexact: the scale is not 2^k
+    else:  # x / 2^e == x * 2^-e exactly (2^-e stays normal: e <= 253), subnormal x included
+        v = x * ((254 - scale_byte) << 23).to(tl.float32, bitcast=True)[:, None]
     v = tl.minimum(tl.maximum(v, -6.0), 6.0)
     code, grid = _e2m1(v)
     tl.store(code_ptr + offs, code.to(tl.uint8), mask=row_ok[:, None])

@@ -33,6 +33,9 @@ def _child_main(conn, run_config: dict) -> None:
 
     executor = CaseExecutor.from_run({**run_config, "isolate": False})
     try:
+        from .registry import components
+
+        components()  # import every component definition now, not inside the first case's timeout
         executor.impl()
     except Exception as exc:  # reported on the first case, so the run still writes results
         conn.send(("broken", f"{type(exc).__name__}: {exc}"))

@@ -48,6 +48,9 @@ def _select_inputs(params, build, gen):
             logits = torch.full((b, S, W), float(build.get("value", 1.0)))
         else:
             raise CaseSpecError(f"candidates.select: unknown kind {kind!r} (normal, levels, constant, values)")
+        if "newest" in build:  # each query's newest reachable row scores low: only the pin keeps its block
+            newest = (lens - 1).clamp(min=0)[:, None].expand(b, S, 1)
+            logits.scatter_(-1, newest, float(build["newest"]))
         logits = logits.masked_fill(torch.arange(W) >= lens[:, None], NINF)  # a source's visible scores
     return {"logits": logits.to(torch.bfloat16), "compress_lens": lens}
 

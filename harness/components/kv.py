@@ -41,14 +41,14 @@ def _finish_inputs(params, build, gen):
     if any(j < 0 for j in groups) or groups != sorted(set(groups)):
         raise CaseSpecError(f"kv.finish: groups must be distinct, ascending and >= 0, got {groups}")
     g = len(groups)
-    # The latent is a compressor row: RMSNorm output of bf16 pooled values, times the norm weight.
-    raw = normal(gen, [b, g, hd], 1.0, torch.float32)
-    raw = raw * tile_to([float(s) for s in build.get("row_scales", [1.0])], [b * g, 1]).reshape(b, g, 1)
+    # A compressor row: the RMSNorm of bf16 pooled values. `row_scales` then scales whole rows so
+    # the quantisers see block maxima from e4m3-subnormal scales upwards.
     norm_w = normal(gen, [hd], 0.1, torch.float32).add(1.0).to(torch.bfloat16)
-    latent = rms_norm(raw.to(torch.bfloat16), norm_w) * float(build.get("latent_scale", 1.0))
+    latent = rms_norm(normal(gen, [b, g, hd], 1.0), norm_w)  # bf16 [b, G, hd]
+    scales = tile_to([float(s) for s in build.get("row_scales", [1.0])], [b * g, 1]).reshape(b, g, 1)
     positions = (max(groups) + 1) * ratio if groups else ratio  # covers every group's last position too
     return {
-        "latent": latent.to(torch.bfloat16),  # [b, G, hd]
+        "latent": (latent.float() * scales).to(torch.bfloat16),  # [b, G, hd]
         "groups": torch.tensor(groups, dtype=torch.int64),  # [G]
         "table": rp.freqs_table(rope_dim, positions, **COMPRESSED_TABLE),  # [P, rope_dim/2, 2]
         "wk": normal(gen, [ihd, hd], hd ** -0.5),  # bf16 [ihd, hd]
