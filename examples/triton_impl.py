@@ -234,6 +234,13 @@ class TritonImpl:
         return component in self.COMPONENTS
 
     def run(self, component: str, inputs: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, torch.Tensor]:
+        device = next(iter(inputs.values())).device
+        if device.type == "cuda":  # Triton launches on the current device: make it the tensors' one
+            with torch.cuda.device(device):
+                return self._run(component, inputs)
+        return self._run(component, inputs)
+
+    def _run(self, component: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if component == "quant.e2m1":
             codes, y = e2m1(inputs["v"])
             return {"codes": codes, "y": y}

@@ -180,6 +180,22 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     return OutputVerdict(name, False, "\n".join(header + lines), metrics)
 
 
+def _canonical(rows: torch.Tensor) -> torch.Tensor:
+    """Per row: valid ids strictly ascending, then only -1 lanes."""
+    if rows.shape[-1] < 2:
+        return torch.ones(rows.shape[:-1], dtype=torch.bool)
+    a, b = rows[..., :-1], rows[..., 1:]
+    step_ok = ((a >= 0) & (b >= 0) & (a < b)) | ((a >= 0) & (b == -1)) | ((a == -1) & (b == -1))
+    return step_ok.all(dim=-1)
+
+
+def _unordered_rows(expected: torch.Tensor, actual: torch.Tensor) -> int:
+    """Rows the reference keeps canonical (ascending, -1 last) that the implementation does not."""
+    if expected.dim() == 0 or expected.dtype.is_floating_point:
+        return 0
+    return int((_canonical(expected) & ~_canonical(actual)).sum())
+
+
 def _compare_index(
     name: str,
     expected: torch.Tensor,
@@ -207,6 +223,12 @@ def _compare_index(
         order=policy.order
     )
     metrics = {"rows": result.rows, "rows_exact": result.exact, "rows_tie": result.tie, "rows_miss": result.miss}
+    unordered = _unordered_rows(expected, actual) if policy.order == "set" else 0
+    if unordered:
+        metrics["rows_unordered"] = unordered
+        return OutputVerdict(name, False, f"output '{name}': {unordered} row(s) are not in ascending order with the "
+                             "-1 lanes last, as the reference orders them (ids sorted ascending, then -1 fill)\n  "
+                             + result.describe().replace("\n", "\n  "), metrics)
     if result.tie == 0 and result.miss == 0:
         return OutputVerdict(name, True, metrics=metrics)
     lines = [f"output '{name}': ids differ in {result.tie + result.miss} of {result.rows} row(s): "

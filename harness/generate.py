@@ -169,8 +169,24 @@ def generate(config: Config, select: list[str] | None = None, check: bool = Fals
             new_manifest.pop(case_id, None)
             report.removed.append(case_id)
     if not check and (report.written or report.removed or new_manifest != manifest):
-        write_manifest(config.goldens, new_manifest)
+        changed = {k: v for k, v in new_manifest.items() if manifest.get(k) != v}
+        _merge_manifest(config, changed, set(report.removed))
     return report
+
+
+def _merge_manifest(config: Config, changed: dict, removed: set[str]) -> None:
+    """Apply this run's entries to the manifest as it is on disk now, under a file lock, so two
+    `generate --select` runs over different components never drop each other's entries."""
+    import fcntl
+
+    config.goldens.mkdir(parents=True, exist_ok=True)
+    with open(config.goldens / ".manifest.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        current = read_manifest(config.goldens)
+        current.update(changed)
+        for case_id in removed:
+            current.pop(case_id, None)
+        write_manifest(config.goldens, current)
 
 
 def _drift(path, data: bytes, golden: Golden) -> str:

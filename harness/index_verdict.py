@@ -102,6 +102,10 @@ class IndexVerdict:
     def describe(self) -> str:
         head = f"{self.rows} rows: {self.exact} exact, {self.tie} tie order, {self.miss} miss"
         parts = [head]
+        if self.tie_rows:
+            parts.append(f"tie-order rows (flat index): {_clip(list(self.tie_rows), 16)}")
+        if self.miss_rows:
+            parts.append(f"miss rows (flat index): {_clip(list(self.miss_rows), 16)}")
         bad = {k: v for k, v in self.violations.items() if v}
         if bad:
             parts.append("invariant violations (rows): " + ", ".join(f"{k}={v}" for k, v in bad.items()))

@@ -150,8 +150,9 @@ def test_selection_goldens_are_top_k_of_their_masked_scores():
 def test_goldens_cover_ties_widths_branches_and_the_leak():
     tied = {c: _expected_tie_rows(c) for c in golden_ids("indexer.select") if "leak-upstream" not in c}
     assert sum(tied.values()) >= 40 and sum(1 for n in tied.values() if n) >= 8, tied  # tie-dense
-    for case_id in ("ties-all-equal-r1-prefill-s24", "ties-bf16-levels-r1-chunk-start36", "ties-relu-zeros-r2-chunk-start48",
-                    "ties-ninf-runs-r1-chunk-start12", "production-r2-top512-of-16384", "partial-sort-top512-of-32768"):
+    for case_id in ("ties-all-equal-r1-prefill-s24", "ties-bf16-levels-r1-chunk-start36",
+                    "ties-relu-zeros-r2-chunk-start48", "ties-ninf-runs-r1-chunk-start12",
+                    "production-r2-top512-of-16384", "partial-sort-top512-of-32768"):
         assert tied[f"indexer.select/{case_id}"] > 0, case_id
     prod = golden("indexer.select/production-r1-top512-of-16384")
     assert prod["out.ids"].shape[-1] == 512 and prod["in.scores"].shape[-1] == 16384
@@ -164,7 +165,8 @@ def test_goldens_cover_ties_widths_branches_and_the_leak():
     assert cand["out.blocks"][0, 1].max() == 2049  # the one-row newest block, kept by the pin
     for component in SELECTING:
         up = golden(f"{component}/leak-upstream-r1-prefill-s21-blocks2-top1")
-        leaked = (up["out.ids"] >= 0) & torch.isinf(up["aux.masked_scores"].gather(-1, (up["out.ids"].long() - 21).clamp(min=0)))
+        picked = up["aux.masked_scores"].gather(-1, (up["out.ids"].long() - 21).clamp(min=0))
+        leaked = (up["out.ids"] >= 0) & torch.isinf(picked)
         assert leaked.any(), component  # reachable non-candidate rows come back valid
         drop = golden(f"{component}/leak-drop-r1-prefill-s21-blocks2-top1")
         scores = drop["aux.masked_scores"].gather(-1, (drop["out.ids"].long() - 21).clamp(min=0))
@@ -195,15 +197,11 @@ def _by_id(doc: dict) -> dict[str, dict]:
     return {c["id"]: c for c in doc["cases"]}
 
 
-def test_reference_passes_every_indexer_case(tmp_path):
-    code, doc = _run(tmp_path, "reference", OURS)
-    assert code == 0 and all(c["status"] == "pass" for c in doc["cases"])
+def test_float64_weights_and_scores_pass_with_the_reference_for_the_rest(tmp_path):
+    # (the reference itself passes every golden: tests/test_cli_run.py)
+    code, doc = _run(tmp_path, f"{WRONG}:Float64Indexer", OURS)
+    assert code == 0 and all(c["status"] == "pass" for c in doc["cases"]), doc["problems"]
     assert {c["component"] for c in doc["cases"]} == set(OURS)
-
-
-def test_float64_weights_and_scores_pass(tmp_path):
-    code, doc = _run(tmp_path, f"{WRONG}:Float64Indexer", ["indexer.weights", "indexer.scores"])
-    assert code == 0 and len(doc["cases"]) >= 8 and all(c["status"] == "pass" for c in doc["cases"])
 
 
 def test_valid_prefix_off_by_one_is_a_miss_naming_row_and_id(tmp_path):
@@ -282,20 +280,27 @@ def test_lowest_index_ties_are_tie_order_only_and_accepted_when_the_impl_opts_in
 
 
 def test_leak_rows_differ_only_at_minus_inf_ties():
-    """Under the upstream leak policy a lowest-index top-k picks reachable non-candidate rows
-    where torch's order picked unreachable ones (-1): the index verdict counts those rows as a
-    miss (valid count differs); every such row has a k-th reference score of -inf."""
+    """Under the upstream leak policy top-k must fill lanes from -inf entries; torch's order
+    took unreachable rows (-> -1) where a lowest-index top-k takes reachable non-candidate rows
+    (valid ids). The index verdict counts such rows as a miss (the valid counts differ), though
+    the rows agree on every finite score: docs/index-verdicts.md, "Known limits"."""
     for component in SELECTING:
         case_id = f"{component}/leak-upstream-r1-prefill-s21-blocks2-top1"
         g, p = golden(case_id), params_of(case_id)
-        masked, off = g["aux.masked_scores"], int(p["offset"])
+        masked, ids, off = g["aux.masked_scores"].float(), g["out.ids"].long(), int(p["offset"])
         lens = torch.arange(1, masked.shape[1] + 1)
-        low = lowest_index_ids(masked, g["out.ids"].shape[-1], off)
+        low = lowest_index_ids(masked, ids.shape[-1], off)
         low = torch.where(low - off < lens[:, None], low, -1)
-        verdict = classify_index_rows(g["out.ids"], low, masked, offset=off, order="set")
-        kth = masked.float().gather(-1, (g["out.ids"].long() - off).clamp(min=0)).where(g["out.ids"] >= 0, INF).amin(-1)
-        assert verdict.miss > 0
-        assert all(kth.flatten()[r] == -INF for r in verdict.miss_rows), case_id
+        verdict = classify_index_rows(ids, low, masked, offset=off, order="set")
+        assert verdict.miss > 0 and verdict.tie + verdict.miss + verdict.exact == verdict.rows
+        for r in verdict.miss_rows:
+            row = masked[0, r]
+
+            def finite_ids(sel):
+                return {i for i in sel.tolist() if i >= 0 and torch.isfinite(row[i - off])}
+
+            assert finite_ids(ids[0, r]) == finite_ids(low[0, r]), (case_id, r)
+            assert (ids[0, r] == -1).any() or (low[0, r] == -1).any(), (case_id, r)
 
 
 def test_unpinned_newest_block_fails_candidates_select(tmp_path):
@@ -304,7 +309,8 @@ def test_unpinned_newest_block_fails_candidates_select(tmp_path):
     cases = _by_id(doc)
     lab = cases["candidates.select/lab27-pinned-top1"]
     assert lab["status"] == "fail" and "output 'mask': not bit-identical" in lab["message"]
-    assert "expected ids: [1, -1, -1]" in lab["message"] and "only in expected (id, score): [(1, inf)]" in lab["message"]
+    assert "expected ids: [1, -1, -1]" in lab["message"]
+    assert "only in expected (id, score): [(1, inf)]" in lab["message"]
     prod = cases["candidates.select/production-2048-of-2050-blocks-b8"]
     assert prod["status"] == "fail" and "row (0, 1)" in prod["message"] and "(2049, inf)" in prod["message"]
     assert cases["candidates.select/lab27-unpinned-top1"]["status"] == "pass"  # nothing to pin there

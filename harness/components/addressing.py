@@ -81,9 +81,10 @@ def candidates_reference(inputs: dict, params: dict) -> dict:
 
 
 def _candidates_execute(call, inputs, params):
-    out = dict(call(inputs, params))
-    out["blocks"] = _blocks_of(out.get("mask"), inputs["logits"], _candidate_args(params)[1])
-    return out
+    out = call(inputs, params)
+    if not isinstance(out, dict):
+        return out  # the runner reports what run() returned
+    return {**out, "blocks": _blocks_of(out.get("mask"), inputs["logits"], _candidate_args(params)[1])}
 
 
 def _candidates_aux(inputs, params, outputs):
@@ -94,7 +95,8 @@ def _candidates_aux(inputs, params, outputs):
 
 register(Component(
     name="candidates.select",
-    summary="candidate blocks: block max (-inf padded), newest reachable block pinned +inf, top blocks kept, -inf picks dropped",
+    summary="candidate blocks: block max (-inf padded), newest reachable block pinned +inf, top blocks kept, "
+            "-inf picks dropped",
     upstream="M:583-610",
     inputs=("logits", "compress_lens"),
     outputs=(
@@ -124,7 +126,8 @@ def _restore_inputs(params, build, gen):
         kept = torch.tensor(kept, dtype=torch.bool) if isinstance(kept[0][0][0], bool) else _ints(kept)
         return {"compact": compact, "kept": kept}
     b, S, W = (int(v) for v in need(build, "shape", comp))
-    block, top, k = int(need(params, "block_size", comp)), int(need(build, "topk_blocks", comp)), int(need(build, "k", comp))
+    block = int(need(params, "block_size", comp))
+    top, k = int(need(build, "topk_blocks", comp)), int(need(build, "k", comp))
     start = int(build.get("start", W - S))
     lens = torch.arange(start + 1, start + S + 1).clamp(max=W)
     logits = normal(gen, [b, S, W]).masked_fill(torch.arange(W) >= lens[:, None], NINF)
@@ -187,7 +190,8 @@ register(Component(
     summary="sliding-window ids: prefill rows clipped to the window, decode ring slots oldest first, -1 unfilled",
     upstream="M:409-426",
     inputs=(),
-    outputs=(OutputSpec("ids", "exact", "int32 [rows, width]: prefill [S, min(S, win)], decode [1, win], chunk [S, win]"),),
+    outputs=(OutputSpec("ids", "exact",
+                        "int32 [rows, width]: prefill [S, min(S, win)], decode [1, win], chunk [S, win]"),),
     build=lambda params, build, gen: {},
     reference=window_reference,
     floor=4,

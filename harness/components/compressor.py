@@ -137,7 +137,8 @@ def _weights(inputs, params) -> cp.CompressorWeights:
 
 
 def _compressor_reference(inputs, params):
-    res = cp.compressor_step(inputs["x"], int(params["start"]), inputs["ring"], _weights(inputs, params), _ratio(params))
+    weights = _weights(inputs, params)
+    res = cp.compressor_step(inputs["x"], int(params["start"]), inputs["ring"], weights, _ratio(params))
     return {"rows": res.rows, "row_positions": res.row_positions, "ring": res.ring}
 
 
@@ -282,14 +283,16 @@ def _metadata_execute(call, inputs, params):
 
 register(Component(
     name="compressor.metadata",
-    summary="rows a step reserves: prefill max(1, n_c) (placeholder: position 0, slot -1, zero row); decode one per query",
+    summary="rows a step reserves: prefill max(1, n_c) (placeholder: position 0, slot -1, zero row); "
+            "decode one per query",
     upstream="seed 000 §A.1.1 (prepare_tensor_input_v4.cpp:46-91); M:746-761",
     inputs=("rows",),
     outputs=(
         OutputSpec("row_positions", "exact", "int64 [R]: RoPE position j*r of each reserved row, 0 for a placeholder"),
         OutputSpec("store_slots", "exact", "int64 [R]: compressed cache row j, -1 where nothing is stored"),
         OutputSpec("valid", "exact", "bool [R]: the row is a completed group"),
-        OutputSpec("out_rows", "exact", "bf16 [b, R, hd]: the step's completed rows in their reserved rows, zeros elsewhere"),
+        OutputSpec("out_rows", "exact", "bf16 [b, R, hd]: the step's completed rows in their reserved rows, "
+                   "zeros elsewhere"),
     ),
     build=_metadata_inputs,
     reference=_metadata_reference,

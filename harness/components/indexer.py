@@ -282,7 +282,7 @@ def forward_reference(inputs: dict, params: dict) -> dict:
 
 
 def _forward_aux(inputs, params, outputs):
-    lens = ix.query_compress_lens(_int(params, "start", "indexer"), inputs["x"].shape[1], _int(params, "ratio", "indexer"))
+    lens = _lens(params, inputs["x"].shape[1], "indexer")
     return {"masked_scores": _masked(outputs["scores"], lens, inputs["candidates"])}
 
 

@@ -88,7 +88,8 @@ class UnpinnedCandidates(ReferenceAdapter):
         if component != "candidates.select":
             return super().run(component, inputs, params)
         no_pin = torch.zeros_like(inputs["compress_lens"])  # compress_lens 0 pins nothing
-        sel = cd.select_candidate_blocks(inputs["logits"], no_pin, int(params["topk_blocks"]), int(params["block_size"]))
+        top, block = int(params["topk_blocks"]), int(params["block_size"])
+        sel = cd.select_candidate_blocks(inputs["logits"], no_pin, top, block)
         return {"mask": sel.mask}
 
 

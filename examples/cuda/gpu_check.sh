@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Check both kernel examples natively, once, on a machine with an NVIDIA GPU and nvcc:
+#   1. build examples/cuda/fp4_quant.cu (examples/cuda/build.py, cached by hash);
+#   2. conformance run --device cuda with the CUDA example (quant.e2m1, quant.fp4_*);
+#   3. conformance run --device cuda with the Triton example, compiled for the GPU (no
+#      TRITON_INTERPRET), on quant.e2m1, quant.fp4_* and indexer.scores.
+# Each step runs under a time limit and logs to $OUT/<step>.log; a short summary comes last.
+#
+# Usage (from anywhere):  examples/cuda/gpu_check.sh
+# Environment: PYTHON (default .venv/bin/python, else python3), GPU_CHECK_LIMIT (seconds per
+# step, default 600), GPU_CHECK_DIR (default reports/gpu-check), NVCC, CONFORMANCE_CUDA_ARCH
+# (default sm_75 plus PTX; `native` compiles for this GPU only).
+# Exit status: 0 all steps passed, 1 a step failed or timed out, 2 no usable GPU.
+
+set -u
+cd "$(dirname "$0")/../.." || exit 2
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+    if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+LIMIT=${GPU_CHECK_LIMIT:-600}
+OUT=${GPU_CHECK_DIR:-reports/gpu-check}
+mkdir -p "$OUT"
+unset TRITON_INTERPRET  # the point is the native GPU path
+
+if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    echo "gpu_check: $PY's torch sees no CUDA device (a CPU-only torch, or no GPU/driver);" >&2
+    echo "gpu_check: install a CUDA build of torch (pip install -e . keeps it) and run this on the GPU machine" >&2
+    exit 2
+fi
+"$PY" - <<'EOF'
+import torch
+try:
+    import triton
+    triton_version = triton.__version__
+except ImportError:
+    triton_version = "not installed"
+print(f"gpu_check: {torch.cuda.get_device_name(0)}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
+      f"triton {triton_version}, {torch.cuda.device_count()} device(s)")
+EOF
+
+declare -a NAMES RESULTS
+step() {  # step NAME COMMAND...: run under the limit, log, remember the outcome
+    local name=$1
+    shift
+    local started=$SECONDS
+    timeout "$LIMIT" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    local took=$((SECONDS - started))
+    local verdict="ok"
+    if [ "$rc" -eq 124 ]; then
+        verdict="TIMEOUT after ${LIMIT}s"
+    elif [ "$rc" -ne 0 ]; then
+        verdict="FAILED (exit $rc)"
+    fi
+    NAMES+=("$name")
+    RESULTS+=("$verdict, ${took}s, log $OUT/$name.log")
+    if [ "$rc" -ne 0 ]; then
+        echo "--- $name: last lines of $OUT/$name.log"
+        tail -n 25 "$OUT/$name.log"
+    fi
+    return "$rc"
+}
+
+failed=0
+step build "$PY" examples/cuda/build.py || failed=1
+if [ "$failed" -eq 0 ]; then
+    step cuda "$PY" -m harness run --device cuda --impl examples/cuda/cuda_impl.py:CudaImpl \
+        --select 'quant.e2m1,quant.fp4_e4m3,quant.fp4_e8m0' --report-dir "$OUT/cuda" || failed=1
+fi
+step triton "$PY" -m harness run --device cuda --impl examples/triton_impl.py:TritonImpl \
+    --select 'quant.e2m1,quant.fp4_e4m3,quant.fp4_e8m0,indexer.scores' --report-dir "$OUT/triton" || failed=1
+
+echo
+echo "gpu_check summary"
+for i in "${!NAMES[@]}"; do
+    printf '  %-7s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"
+done
+for name in cuda triton; do
+    if [ -f "$OUT/$name/results.json" ]; then
+        "$PY" - "$OUT/$name/results.json" "$name" <<'EOF'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+parts = [f"{n} {e['verdict']} {e['pass']}/{e['cases']}" for n, e in doc["components"].items()]
+print(f"  {sys.argv[2]:<7} " + "; ".join(parts))
+EOF
+    fi
+done
+exit "$failed"
