@@ -128,15 +128,14 @@ def _fp4_qdq_kernel(x_ptr, y_ptr, code_ptr, scale_ptr, nblocks,
         # K41:158-161: floor 6*2^-9, true division by 6, RNE to e4m3 (saturating)
         scale = _e4m3_rne(tl.math.div_rn(tl.maximum(amax, 0.01171875), 6.0))
         scale_byte = _e4m3_bits(scale)
+        v = tl.math.div_rn(x, scale[:, None])  # IEEE division, inexact: the scale is not 2^k
     else:
         # K41:163-164: floor 6*2^-126, times fp32(1/6), power-of-two ceiling on the bits
         exponent = _pow2_exponent_ceil(tl.maximum(amax, 7.052966104933726e-38) * 0.1666666716337204)
         scale = (exponent << 23).to(tl.float32, bitcast=True)
         scale_byte = exponent
-    if E4M3:
-        v = tl.math.div_rn(x, scale[:, None])  # IEEE division, inexact: the scale is not 2^k
-    else:  # x / 2^e == x * 2^-e exactly (2^-e stays normal: e <= 253), subnormal x included
-        v = x * ((254 - scale_byte) << 23).to(tl.float32, bitcast=True)[:, None]
+        # x / 2^e == x * 2^-e exactly (2^-e stays normal: e <= 253), subnormal x included
+        v = x * ((254 - exponent) << 23).to(tl.float32, bitcast=True)[:, None]
     v = tl.minimum(tl.maximum(v, -6.0), 6.0)
     code, grid = _e2m1(v)
     tl.store(code_ptr + offs, code.to(tl.uint8), mask=row_ok[:, None])

@@ -23,7 +23,7 @@ def run_cli(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.Co
 def make_project(dest: Path, components: list[str] | None = None) -> Path:
     """Copy conformance.yaml, cases and goldens (optionally only some components) into dest."""
     shutil.copy(ROOT / "conformance.yaml", dest / "conformance.yaml")
-    shutil.copytree(ROOT / "examples", dest / "examples")
+    shutil.copytree(ROOT / "examples", dest / "examples", ignore=shutil.ignore_patterns("build", "__pycache__"))
     (dest / "cases").mkdir()
     (dest / "goldens").mkdir()
     manifest = json.loads((ROOT / "goldens" / "MANIFEST.json").read_text())
