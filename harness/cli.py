@@ -111,6 +111,9 @@ def generate(select, check, config_path):
     from .generate import generate as run_generate
     from .generate import print_progress
 
+    import torch
+
+    torch.set_num_threads(1)  # the reference is many tiny ops: threads only add synchronisation
     try:
         config = _config(config_path)
         report = run_generate(config, parse_select(select), check=check, progress=print_progress())

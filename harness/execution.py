@@ -8,6 +8,7 @@ in a spawned child process (see `harness.isolation`): a crash or a hang becomes 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,11 @@ class CaseExecutor:
 
     @classmethod
     def from_run(cls, run: dict) -> CaseExecutor:
+        # Cases are small; intra-op threads only add synchronisation, and with -n every worker
+        # would fight for the same cores. CONFORMANCE_THREADS raises it for a big CPU port.
+        import torch
+
+        torch.set_num_threads(int(os.environ.get("CONFORMANCE_THREADS", "1")))
         config = load_config(Path(run["config"]))
         spec = ImplSpec(**run["impl"])
         try:

@@ -58,7 +58,8 @@ def build_golden(spec: CaseSpec, config: Config) -> Golden:
     frozen = {k: v.clone() for k, v in inputs.items()}
     outputs = component.execute(component.reference, inputs, dict(spec.params))
     aux = component.aux(frozen, dict(spec.params), outputs) if component.aux else {}
-    policies = {name: config.policy(component, name).to_json() for name in sorted(outputs)}
+    # One entry per declared output: step outputs `sNN.rows` share the policy of `rows`.
+    policies = {component.output_spec(name).name: config.policy(component, name).to_json() for name in sorted(outputs)}
     meta = {
         "schema": SCHEMA_VERSION,
         "case_id": spec.id,

@@ -101,6 +101,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; goldens are ordinary readable files
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

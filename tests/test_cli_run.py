@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 
+import yaml
+
 from conftest import ROOT, make_project, results, run_cli, statuses
 
 NUMERIC = ["quant.e2m1", "quant.fp4_e4m3", "quant.fp4_e8m0", "quant.fp8_ue8m0", "linear.f32", "norm.rms",
@@ -125,7 +127,9 @@ def test_half_supported_implementation_is_unsupported_not_failed(tmp_path):
 def test_a_full_run_fails_components_below_their_floor(tmp_path):
     project = make_project(tmp_path, ["quant.e2m1", "norm.rms"])
     config = project / "conformance.yaml"
-    config.write_text(config.read_text().replace("floors:\n  default: 1", "floors:\n  default: 1\n  norm.rms: 9"))
+    doc = yaml.safe_load(config.read_text())
+    doc["floors"]["norm.rms"] = 9
+    config.write_text(yaml.safe_dump(doc))
     report = tmp_path / "rep"
     proc = run_cli("run", "--impl", "reference", "--config", str(config), "--report-dir", str(report), "--no-isolate")
     assert proc.returncode == 1

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import yaml
+
 from conftest import make_project, results, run_cli, statuses
 
 
@@ -81,7 +83,9 @@ def test_drift_is_reported_per_case_without_writing(tmp_path):
 def test_generation_refuses_a_tolerance_that_accepts_trivial_answers(tmp_path):
     project = make_project(tmp_path, ["norm.rms"])
     config = project / "conformance.yaml"
-    config.write_text(config.read_text().replace("components: {}", "components:\n    norm.rms: {ulps: 4096, rel_l2: 2.0}"))
+    doc = yaml.safe_load(config.read_text())
+    doc["tolerances"]["components"] = {**(doc["tolerances"].get("components") or {}), "norm.rms": {"ulps": 4096, "rel_l2": 2.0}}
+    config.write_text(yaml.safe_dump(doc))
     proc = run_cli("generate", "--config", str(config))
     assert proc.returncode == 1
     assert "too loose" in proc.stderr and "all zeros" in proc.stderr

@@ -1,0 +1,260 @@
+"""sparse_attn, attention and topology.validate through the runner: the reference passes, a plain
+softmax passes, and each deliberate bug fails where it first matters (docs/attention.md)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from conftest import ROOT, results, run_cli
+from harness.compare import compare_output
+from harness.config import load_config
+from harness.golden import load_verified, read_manifest
+from harness.reference.topology import validate_topology
+from harness.registry import get
+from harness.runner import run_case
+from impls.wrong_attention import OtherIndexKPolicy
+from harness.adapters.reference import ReferenceAdapter
+
+CONFIG = load_config(ROOT / "conformance.yaml")
+MANIFEST = read_manifest(CONFIG.goldens)
+MINE = ("attention/", "sparse_attn/", "topology.validate/")
+ATTENTION = sorted(c for c in MANIFEST if c.startswith("attention/"))
+WRONG = f"{ROOT}/tests/impls/wrong_attention.py"
+NAME_RE = re.compile(r"^s(\d\d)\.(?:l(\d)\.)?(\w+)$")
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    # The CLI runs the float64 reference GEMMs; on a loaded 2-core box two threads crawl.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def cli(tmp_path, impl: str, select: str) -> tuple[int, dict]:
+    report = tmp_path / "rep"
+    proc = run_cli("run", "--impl", impl, "--select", select, "--report-dir", str(report), "--no-isolate")
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    return proc.returncode, results(report)
+
+
+def failing(case: dict) -> list[tuple[int, int | None, str]]:
+    """(step, layer or None, output) of every failing output of an attention case."""
+    out = []
+    for name, m in case["outputs"].items():
+        if not m["ok"]:
+            step, layer, base = NAME_RE.match(name).groups()
+            out.append((int(step), None if layer is None else int(layer), base))
+    return sorted(out, key=lambda t: (t[0], -1 if t[1] is None else t[1], t[2]))
+
+
+# --- the reference and a plain softmax pass ---------------------------------------------------
+
+
+def test_reference_passes_every_case_in_process():
+    ids = sorted(c for c in MANIFEST if c.startswith(MINE))
+    assert len(ATTENTION) >= 4 and len(ids) >= 20
+    for case_id in ids:
+        result = run_case(case_id, CONFIG, ReferenceAdapter(), "reference", MANIFEST)
+        assert result.status == "pass", (case_id, result.message)
+
+
+def test_plain_softmax_passes_sparse_attn_and_attention_within_tolerance(tmp_path):
+    code, doc = cli(tmp_path, f"{WRONG}:PlainSoftmax", "sparse_attn*,attention*")
+    assert code == 0 and {c["status"] for c in doc["cases"]} == {"pass"}
+    assert {c["component"] for c in doc["cases"]} == {"sparse_attn", "attention"}
+    for case in doc["cases"]:   # the tolerance did real work, with headroom left
+        tolerant = [m for n, m in case["outputs"].items() if n.endswith((".out", "o"))]
+        assert max(m["max_ulps"] for m in tolerant) > 0, case["id"]
+        assert max(m["rel_l2_headroom"] for m in tolerant) < 0.6, case["id"]
+
+
+# --- sparse_attn bugs ------------------------------------------------------------------------
+
+
+def test_sink_scaled_by_softmax_scale_fails_where_the_sink_matters(tmp_path):
+    code, doc = cli(tmp_path, f"{WRONG}:SinkScaled", "sparse_attn*")
+    assert code == 1
+    status = {c["id"].split("/")[1]: c for c in doc["cases"]}
+    for name in ("sink-extremes-h8-k24", "tiny-a-b2-m21-h4-k12"):
+        assert status[name]["status"] == "fail" and "output 'o': not close" in status[name]["message"]
+    # 150 unit-scale lanes swamp a unit sink: below tolerance there, as it should be
+    assert status["multi-tile-m8-k150"]["status"] == "pass"
+
+
+def test_nan_on_all_absent_rows_fails_only_the_case_that_has_them(tmp_path):
+    code, doc = cli(tmp_path, f"{WRONG}:NaNOnAbsentRows", "sparse_attn*")
+    assert code == 1
+    bad = {c["id"]: c for c in doc["cases"] if c["status"] != "pass"}
+    assert list(bad) == ["sparse_attn/all-absent-rows-m6-k70"]
+    assert "NaN positions differ" in bad["sparse_attn/all-absent-rows-m6-k70"]["message"]
+
+
+def test_all_absent_rows_are_exactly_zero_in_the_golden():
+    golden = load_verified(CONFIG.goldens, "sparse_attn/all-absent-rows-m6-k70", MANIFEST)
+    absent = (golden.inputs["topk_idxs"] == -1).all(-1)       # [b, m]
+    o = golden.outputs["o"]
+    assert int(absent.sum()) == 2
+    assert (o[absent] == 0).all() and not torch.isnan(o.float()).any()
+    assert (o[~absent] != 0).any(-1).all()
+
+
+# --- attention bugs, each at its first divergent step ----------------------------------------
+
+
+def test_compressed_ids_offset_by_the_chunk_length_diverge_at_the_first_decode_step(tmp_path):
+    code, doc = cli(tmp_path, f"{WRONG}:WrongOffset", "attention*")
+    assert code == 1 and len(doc["cases"]) == len(ATTENTION)
+    for case in doc["cases"]:
+        assert case["status"] == "fail" and case["first_divergent_step"] == 1, case["id"]
+        bad = failing(case)
+        assert bad and all(layer not in (None, 0) for _, layer, _ in bad)   # window-only layer 0 is fine
+        assert (1, 1, "compressed_ids") in bad and (1, 1, "out") in bad
+        assert "first divergent step: 1" in case["message"]
+
+
+def test_reindex_layer_reading_its_own_empty_keys_fails_layers_6_and_7_at_prefill(tmp_path):
+    code, doc = cli(tmp_path, f"{WRONG}:OwnEmptyIndexKeys", "attention*")
+    assert code == 1
+    for case in doc["cases"]:
+        assert case["status"] == "fail" and case["first_divergent_step"] == 0, case["id"]
+        bad = failing(case)
+        assert {layer for _, layer, _ in bad} == {6, 7}, case["id"]   # its Reuse layer 7 inherits the ids
+        assert (0, 6, "compressed_ids") in bad
+        ids = case["outputs"]["s00.l6.compressed_ids"]
+        assert ids["rows_miss"] > 0   # a genuine miss, not tie order
+
+
+def test_skipped_inverse_rope_fails_every_layer_output_and_nothing_else(tmp_path):
+    code, doc = cli(tmp_path, f"{WRONG}:NoInverseRope", "attention*")
+    assert code == 1
+    for case in doc["cases"]:
+        assert case["status"] == "fail" and case["first_divergent_step"] == 0, case["id"]
+        bad = failing(case)
+        assert {base for _, _, base in bad} == {"out"}
+        assert {layer for step, layer, _ in bad if step == 0} == set(range(8))
+
+
+def test_the_other_index_k_policy_diverges_at_the_first_even_decode_step():
+    for case_id, step in (("attention/a-p21-d1x11-upstream", 2), ("attention/a-p21-d1x11-fixed", 2),
+                          ("attention/a-p5-d7-d9-d1x2-gen-upstream", 4)):
+        result = run_case(case_id, CONFIG, OtherIndexKPolicy(), "other-policy", MANIFEST)
+        assert result.status == "fail" and result.first_divergent_step == step, (case_id, result.message)
+        assert not result.outputs[f"s{step:02d}.published"]["ok"]
+        layers = {n.split(".")[1] for n, m in result.outputs.items() if not m["ok"] and n.startswith(f"s{step:02d}.l")}
+        assert layers <= {"l1", "l2", "l3"}, layers   # only the ratio-2 layers read index_k
+
+
+# --- the interface: errors name the step and the layer --------------------------------------
+
+
+class PublishesForeignSlot(ReferenceAdapter):
+    def run(self, component, inputs, params):
+        out = super().run(component, inputs, params)
+        if component == "attention" and params["layer"] == 2:
+            out["rt.compress_kv"] = inputs["rt.compress_kv"]   # a Reuse layer publishes nothing
+        return out
+
+
+class ShrinksItsRing(ReferenceAdapter):
+    def run(self, component, inputs, params):
+        out = super().run(component, inputs, params)
+        if component == "attention" and "comp_ring" in out and params["step"] == 1:
+            out["comp_ring"] = out["comp_ring"][:, :3]
+        return out
+
+
+def test_interface_errors_name_the_step_and_the_layer():
+    case_id = "attention/a-p21-d1x11-fixed"
+    result = run_case(case_id, CONFIG, PublishesForeignSlot(), "foreign-slot", MANIFEST)
+    assert result.status == "error" and result.first_divergent_step == 0
+    assert "layer 2 (Reuse, ratio 2)" in result.message and "unexpected ['rt.compress_kv']" in result.message
+    result = run_case(case_id, CONFIG, ShrinksItsRing(), "small-ring", MANIFEST)
+    assert result.status == "error" and result.first_divergent_step == 1
+    assert "layer 1" in result.message and "comp_ring" in result.message and "layout" in result.message
+
+
+# --- goldens: metadata, and chunked schedules equal the one-shot prefill -----------------------
+
+
+def test_goldens_record_the_policy_and_the_schedule_kind():
+    for case_id in ATTENTION:
+        params = load_verified(CONFIG.goldens, case_id, MANIFEST).meta["params"]
+        assert case_id.endswith("-" + params["index_k_policy"])
+        assert params["generalisation"] == ("-gen-" in case_id)
+        assert params["schedule_kind"].startswith("harness-generalisation" if params["generalisation"] else "upstream")
+        assert params["config"]["compress_ratios"] == [0, 2, 2, 2, 1, 1, 1, 1]
+    policies = {load_verified(CONFIG.goldens, c, MANIFEST).meta["params"]["index_k_policy"] for c in ATTENTION}
+    assert policies == {"upstream", "fixed"}
+
+
+def _by_position(outputs: dict, schedule, layer: int, name: str, dim: int) -> torch.Tensor:
+    parts = [outputs[f"s{i:02d}.l{layer}.{name}"] for i in range(len(schedule))]
+    return torch.cat(parts, dim=dim)
+
+
+def _positions(ids: torch.Tensor, schedule) -> list[list[list[int]]]:
+    """compressed ids -> sorted compressed-row numbers per (batch, position), window offset removed."""
+    rows = []
+    for start, end in schedule:
+        S = end - start
+        rows.append((start, S))
+    return rows
+
+
+def _compressed_rows(outputs, schedule, layer, win) -> list:
+    out = []
+    for i, (start, end) in enumerate(schedule):
+        S = end - start
+        offset = S if start == 0 else (win if S == 1 else win + S)
+        ids = outputs[f"s{i:02d}.l{layer}.compressed_ids"]
+        for t in range(S):
+            out.append([sorted(int(v) - offset for v in ids[bi, t] if v >= 0) for bi in range(ids.shape[0])])
+    return out
+
+
+@pytest.mark.parametrize("case_id,one_shot", [
+    ("attention/a-p5-d7-d9-d1x2-gen-upstream", [[0, 21], [21, 22], [22, 23]]),
+    ("attention/a-p21-d3-d4-d1x4-gen-fixed", [[0, 32]]),
+    ("attention/a-p21-d1x11-fixed", [[0, 32]]),
+])
+def test_chunked_schedules_equal_the_one_shot_prefill(case_id, one_shot):
+    component = get("attention")
+    golden = load_verified(CONFIG.goldens, case_id, MANIFEST)
+    params = golden.meta["params"]
+    win = params["config"]["window_size"]
+    ref = component.execute(component.reference, dict(golden.inputs), {**params, "schedule": one_shot})
+    chunked, policy = golden.outputs, CONFIG.policy(component, "s00.l0.out")
+    for layer, ratio in enumerate(params["config"]["compress_ratios"]):
+        mine, theirs = (_by_position(o, s, layer, "out", 1) for o, s in ((chunked, params["schedule"]), (ref, one_shot)))
+        verdict = compare_output("out", theirs, mine, policy)
+        assert verdict.ok, (layer, verdict.message)
+        assert verdict.metrics["rel_l2"] < 0.1 * policy.rel_l2, (layer, verdict.metrics)   # a few ulps, no more
+        if ratio:
+            assert _compressed_rows(chunked, params["schedule"], layer, win) == _compressed_rows(ref, one_shot, layer, win)
+        for name in ("compress_rows", "index_k_rows"):
+            if f"s00.l{layer}.{name}" in chunked:
+                a = _by_position(chunked, params["schedule"], layer, name, 1)
+                assert torch.equal(a, _by_position(ref, one_shot, layer, name, 1)), (layer, name)
+
+
+# --- topology.validate --------------------------------------------------------------------------
+
+
+def test_topology_example_is_accepted_and_rejections_name_the_layer_and_both_sources():
+    assert validate_topology([0, 0, 0, 0], [0, 0, 2, 2], [0, 1, 2, 3]).accepted
+    verdict = validate_topology([0, 0, 0, 0], [0, 0, 2, 2], [0, 1, 1, 3])
+    assert not verdict.accepted
+    assert re.search(r"layer 2: index source 1 .* index-K source is 2", verdict.message)
+    verdict = validate_topology([0, 0, 2, 0], [0, 0, 2, 2], [0, 1, 2, 3])
+    assert not verdict.accepted and "layer 3: main-KV source 0 is shadowed by layer 2" in verdict.message
+    for case_id in sorted(c for c in MANIFEST if c.startswith("topology.validate/")):
+        golden = load_verified(CONFIG.goldens, case_id, MANIFEST)
+        rejected = case_id.split("/")[1].startswith("reject-")
+        assert bool(golden.outputs["accepted"]) is not rejected, case_id
+        message = golden.meta["params"]["expected_message"]
+        assert message.startswith("ok:") is not rejected, (case_id, message)
+        if rejected and "entries" not in message:
+            assert re.match(r"layer \d+: ", message), message
+            assert len(re.findall(r"\d+", message.split(";")[0])) >= 3, message   # the layer and two sources
