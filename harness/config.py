@@ -40,7 +40,7 @@ class Config:
         """The resolved policy of one output (step outputs `sNN.x` resolve like `x`); cached."""
         spec = component.output_spec(output)
         own = (bool(impl.get("accept_ties")), repr((impl.get("tolerances") or {}).get(component.name))) if impl else None
-        key = (component.name, spec.name, own)
+        key = (component.name, spec, own)
         cached = self._policies.get(key)
         if cached is None:
             cached = self._policies[key] = self._resolve(component, spec, impl)

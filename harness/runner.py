@@ -40,6 +40,7 @@ class CaseResult:
     first_divergent_step: int | None = None
     expectation: str = ""
     repro: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,6 +93,7 @@ def _run(case_id: str, config: Config, impl, manifest: dict, impl_conf: dict, re
         result.status, result.message = "unsupported", f"implementation does not support {component.name}"
         return
     params = golden.meta["params"]
+    result.params = {k: v for k, v in params.items() if not isinstance(v, (list, dict)) or k == "schedule"}
     actual = _execute(component, impl, golden, params, result)
     if actual is None:
         return

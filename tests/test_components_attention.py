@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import ROOT, results, run_cli
+from harness.adapters.reference import ReferenceAdapter
 from harness.compare import compare_output
 from harness.config import load_config
 from harness.golden import load_verified, read_manifest
@@ -16,7 +17,6 @@ from harness.reference.topology import validate_topology
 from harness.registry import get
 from harness.runner import run_case
 from impls.wrong_attention import OtherIndexKPolicy
-from harness.adapters.reference import ReferenceAdapter
 
 CONFIG = load_config(ROOT / "conformance.yaml")
 MANIFEST = read_manifest(CONFIG.goldens)
@@ -65,7 +65,7 @@ def test_plain_softmax_passes_sparse_attn_and_attention_within_tolerance(tmp_pat
     assert code == 0 and {c["status"] for c in doc["cases"]} == {"pass"}
     assert {c["component"] for c in doc["cases"]} == {"sparse_attn", "attention"}
     for case in doc["cases"]:   # the tolerance did real work, with headroom left
-        tolerant = [m for n, m in case["outputs"].items() if n.endswith((".out", "o"))]
+        tolerant = [m for n, m in case["outputs"].items() if n == "o" or n.endswith(".out")]
         assert max(m["max_ulps"] for m in tolerant) > 0, case["id"]
         assert max(m["rel_l2_headroom"] for m in tolerant) < 0.6, case["id"]
 
@@ -189,29 +189,27 @@ def test_goldens_record_the_policy_and_the_schedule_kind():
     assert policies == {"upstream", "fixed"}
 
 
-def _by_position(outputs: dict, schedule, layer: int, name: str, dim: int) -> torch.Tensor:
-    parts = [outputs[f"s{i:02d}.l{layer}.{name}"] for i in range(len(schedule))]
-    return torch.cat(parts, dim=dim)
+def _by_position(outputs: dict, schedule, layer: int, name: str) -> torch.Tensor:
+    return torch.cat([outputs[f"s{i:02d}.l{layer}.{name}"] for i in range(len(schedule))], dim=1)
 
 
-def _positions(ids: torch.Tensor, schedule) -> list[list[list[int]]]:
-    """compressed ids -> sorted compressed-row numbers per (batch, position), window offset removed."""
-    rows = []
-    for start, end in schedule:
-        S = end - start
-        rows.append((start, S))
-    return rows
-
-
-def _compressed_rows(outputs, schedule, layer, win) -> list:
+def _selections(outputs: dict, aux: dict, schedule, layer: int, win: int) -> list:
+    """Per position: (selected compressed rows per batch row, their scores over compressed rows)."""
     out = []
     for i, (start, end) in enumerate(schedule):
         S = end - start
         offset = S if start == 0 else (win if S == 1 else win + S)
-        ids = outputs[f"s{i:02d}.l{layer}.compressed_ids"]
+        ids, scores = outputs[f"s{i:02d}.l{layer}.compressed_ids"], aux.get(f"s{i:02d}.l{layer}.scores")
         for t in range(S):
-            out.append([sorted(int(v) - offset for v in ids[bi, t] if v >= 0) for bi in range(ids.shape[0])])
+            rows = [sorted(int(v) - offset for v in ids[bi, t] if v >= 0) for bi in range(ids.shape[0])]
+            out.append((rows, None if scores is None else scores[:, t, offset:].float()))
     return out
+
+
+def _tie_only(a: list[int], b: list[int], scores: torch.Tensor) -> bool:
+    """Both are top-k of `scores` and differ only in rows tied with the k-th score."""
+    kth = scores[a].min()
+    return len(a) == len(b) and bool((scores[list(set(a) ^ set(b))] == kth).all()) and bool(scores[b].min() == kth)
 
 
 @pytest.mark.parametrize("case_id,one_shot", [
@@ -220,23 +218,32 @@ def _compressed_rows(outputs, schedule, layer, win) -> list:
     ("attention/a-p21-d1x11-fixed", [[0, 32]]),
 ])
 def test_chunked_schedules_equal_the_one_shot_prefill(case_id, one_shot):
+    """Ids and cache rows identical, out within tolerance, except where torch's top-k breaks a
+    tie differently: its tie order depends on the row length T = end // r (docs/attention.md)."""
     component = get("attention")
     golden = load_verified(CONFIG.goldens, case_id, MANIFEST)
-    params = golden.meta["params"]
+    params, schedule = golden.meta["params"], golden.meta["params"]["schedule"]
     win = params["config"]["window_size"]
     ref = component.execute(component.reference, dict(golden.inputs), {**params, "schedule": one_shot})
-    chunked, policy = golden.outputs, CONFIG.policy(component, "s00.l0.out")
+    policy = CONFIG.policy(component, "s00.l0.out")
     for layer, ratio in enumerate(params["config"]["compress_ratios"]):
-        mine, theirs = (_by_position(o, s, layer, "out", 1) for o, s in ((chunked, params["schedule"]), (ref, one_shot)))
-        verdict = compare_output("out", theirs, mine, policy)
+        mine, theirs = _by_position(golden.outputs, schedule, layer, "out"), _by_position(ref, one_shot, layer, "out")
+        keep = torch.ones(mine.shape[1], dtype=torch.bool)
+        if ratio:
+            pairs = zip(_selections(golden.outputs, golden.aux, schedule, layer, win),
+                        _selections(ref, {}, one_shot, layer, win))
+            for pos, ((a, scores), (b, _)) in enumerate(pairs):
+                if a != b:
+                    assert all(_tie_only(x, y, s) for x, y, s in zip(a, b, scores)), (layer, pos, a, b)
+                    keep[pos] = False
+            assert keep.float().mean() > 0.9, layer
+        verdict = compare_output("out", theirs[:, keep], mine[:, keep], policy)
         assert verdict.ok, (layer, verdict.message)
         assert verdict.metrics["rel_l2"] < 0.1 * policy.rel_l2, (layer, verdict.metrics)   # a few ulps, no more
-        if ratio:
-            assert _compressed_rows(chunked, params["schedule"], layer, win) == _compressed_rows(ref, one_shot, layer, win)
         for name in ("compress_rows", "index_k_rows"):
-            if f"s00.l{layer}.{name}" in chunked:
-                a = _by_position(chunked, params["schedule"], layer, name, 1)
-                assert torch.equal(a, _by_position(ref, one_shot, layer, name, 1)), (layer, name)
+            if f"s00.l{layer}.{name}" in golden.outputs:
+                a = _by_position(golden.outputs, schedule, layer, name)
+                assert torch.equal(a, _by_position(ref, one_shot, layer, name)), (layer, name)
 
 
 # --- topology.validate --------------------------------------------------------------------------
@@ -253,8 +260,9 @@ def test_topology_example_is_accepted_and_rejections_name_the_layer_and_both_sou
         golden = load_verified(CONFIG.goldens, case_id, MANIFEST)
         rejected = case_id.split("/")[1].startswith("reject-")
         assert bool(golden.outputs["accepted"]) is not rejected, case_id
-        message = golden.meta["params"]["expected_message"]
+        message = golden.meta["build"]["expected_message"]
         assert message.startswith("ok:") is not rejected, (case_id, message)
         if rejected and "entries" not in message:
             assert re.match(r"layer \d+: ", message), message
-            assert len(re.findall(r"\d+", message.split(";")[0])) >= 3, message   # the layer and two sources
+        if "lies in" in message:   # a refinement failure names the layer and both sources
+            assert len(re.findall(r"\d+", message.split(";")[0])) >= 3, message

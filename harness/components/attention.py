@@ -88,7 +88,8 @@ def _inputs(params, build, gen):
     b, steps = int(build.get("batch", 2)), validate_schedule(params["schedule"])
     data = torch.Generator().manual_seed(int(build["data_seed"]))
     L, T = cfg.n_total_layers, steps[-1][1]
-    x = normal(data, [L, b, T, cfg.dim], float(build.get("x_scale", 1.0)))
+    # drawn for max_seq_len positions, so every schedule of one data label sees the same rows
+    x = normal(data, [L, b, cfg.max_seq_len, cfg.dim], float(build.get("x_scale", 1.0)))[:, :, :T].clone()
     seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=data))
     layers, roles = init_weights(cfg, seed), layer_roles(cfg)
     out = {"x": x, "attn_sink": torch.stack([w.attn_sink for w in layers])}    # [L, b, T, dim], [L, h]

@@ -176,7 +176,7 @@ def drive_layers(call, inputs: dict, params: dict) -> dict:
             layer = role.layer
             where = f"layer {layer} ({role.mode}, ratio {role.ratio}), [{start}, {end})"
             given = {k: v.clone() for k, v in states[layer].items()}
-            call_in = {"x": inputs["x"][layer, :, start:end], **_call_weights(inputs, role), **given,
+            call_in = {"x": inputs["x"][layer, :, start:end].contiguous(), **_call_weights(inputs, role), **given,
                        **{f"rt.{k}": v.clone() for k, v in runtime.items()}}
             call_params = {**params, "step": i, "start": start, "end": end, "layer": layer, "role": role_dict(role)}
             try:

@@ -10,8 +10,8 @@ shared slot per kind, M:1166-1180). The rules and messages are `harness.referenc
 The maps are the case's params (`main_kv`, `index_k`, `index`, optional `candidate`), so they
 show in every golden's metadata; the implementation receives them as int64 tensors (`candidate`
 all -1 when the case has none) and returns `accepted`, compared exactly. The reference's
-message, which names the layer and both sources, is stored in the case metadata as
-`params.expected_message` only for reading; it is not compared.
+message, which names the layer and both sources, is stored in the golden's metadata as
+`build.expected_message`, for reading only: it is neither sent to the implementation nor compared.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def _expand(spec: CaseSpec) -> list[CaseSpec]:
         params.update(main_kv=main_kv, index_k=index_k, index=index, candidate=candidate)
     maps = _maps(params)
     verdict = validate_topology(maps["main_kv"], maps["index_k"], maps["index"], maps["candidate"])
-    params["expected_message"] = verdict.message
-    return [dataclasses.replace(spec, params=params)]
+    build = {**spec.build, "expected_message": verdict.message}   # metadata only: never sent to the impl
+    return [dataclasses.replace(spec, params=params, build=build)]
 
 
 def _inputs(params, build, gen):
@@ -82,6 +82,6 @@ register(Component(
     floor=8,
     notes="inputs: int64 [L] source-layer maps, -1 = the layer takes no part (candidate all -1 when the "
           "case gives none; index-K, index and candidate may differ in length from main-KV, which must "
-          "be rejected). params.expected_message is the reference's reason, for reading only.",
+          "be rejected). build.expected_message (metadata) is the reference's reason, for reading only.",
     extra={"expand": _expand},
 ))

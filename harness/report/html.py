@@ -43,6 +43,9 @@ def render_html(doc: dict) -> str:
             status = case["status"]
             open_attr = " open" if ORDER.get(status, 0) == 0 else ""
             out.append(f"<details{open_attr}><summary><span class='{status}'>{status}</span> {escape(case['id'])}</summary>")
+            if case.get("params"):
+                shown = ", ".join(f"{k}={v}" for k, v in case["params"].items())
+                out.append(f"<p>params: <code>{escape(shown[:600])}</code></p>")
             if case.get("message"):
                 out.append(f"<pre>{escape(case['message'])}</pre>")
             if case.get("expectation"):
