@@ -1,10 +1,11 @@
 """The runner's own overhead per case, side by side with simply loading every golden.
 
 Measures, in one process and one run, for every golden in the manifest:
-  load:   safetensors.torch.load_file(path)                         (the floor: reading the golden)
-  runner: harness.runner.run_case with an oracle implementation that returns the golden's own
-          outputs from memory (so the implementation costs nothing): manifest hash check, decode,
-          schema checks, input copies, the step driver, every comparison and the result record.
+  load:    safetensors.torch.load_file(path)                        (the floor: reading the golden)
+  runner:  harness.runner.run_case with the reference implementation, minus the time spent
+           inside the implementation's run() calls (measured around each call): manifest hash
+           check, decode, schema checks, input copies, the step drivers, every comparison and
+           the result record.
 Prints both per-case means and their ratio (target: at most 3x). Best of a few repeats.
 
     python benchmarks/run_overhead.py [--repeats 3] [--select PATTERN]
@@ -16,30 +17,28 @@ import argparse
 import time
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file
 
+from harness.adapters.reference import ReferenceAdapter
 from harness.config import load_config
-from harness.golden import golden_path, load_verified, read_manifest
+from harness.golden import golden_path, read_manifest
 from harness.ids import matches, parse_select
 from harness.runner import run_case
 
 
-class Oracle:
-    """Returns the golden's outputs (per step for stateful components) without computing."""
+class TimedReference(ReferenceAdapter):
+    """The reference, with the time spent inside run() accumulated so it can be subtracted."""
 
-    def __init__(self, outputs_by_case):
-        self.outputs_by_case = outputs_by_case
-        self.current = None
-
-    def supports(self, component):
-        return True
+    def __init__(self):
+        self.inside = 0.0
 
     def run(self, component, inputs, params):
-        outputs = self.outputs_by_case[self.current]
-        if "step" in params:
-            prefix = f"s{int(params['step']):02d}."
-            return {k[len(prefix):]: v.clone() for k, v in outputs.items() if k.startswith(prefix)}
-        return {k: v.clone() for k, v in outputs.items()}
+        start = time.perf_counter()
+        try:
+            return super().run(component, inputs, params)
+        finally:
+            self.inside += time.perf_counter() - start
 
 
 def main() -> None:
@@ -50,7 +49,8 @@ def main() -> None:
     config = load_config(Path(__file__).resolve().parents[1] / "conformance.yaml")
     manifest = read_manifest(config.goldens)
     ids = [i for i in sorted(manifest) if matches(i, parse_select(args.select))]
-    oracle = Oracle({i: load_verified(config.goldens, i, manifest).outputs for i in ids})
+    torch.set_num_threads(1)
+    impl = TimedReference()
     paths = [golden_path(config.goldens, i) for i in ids]
 
     def time_load() -> float:
@@ -60,13 +60,13 @@ def main() -> None:
         return time.perf_counter() - start
 
     def time_runner() -> float:
+        impl.inside = 0.0
         start = time.perf_counter()
         for case_id in ids:
-            oracle.current = case_id
-            result = run_case(case_id, config, oracle, "oracle", manifest)
+            result = run_case(case_id, config, impl, "reference", manifest)
             if result.status != "pass":
-                raise SystemExit(f"oracle did not pass {case_id}: {result.status} {result.message[:200]}")
-        return time.perf_counter() - start
+                raise SystemExit(f"the reference did not pass {case_id}: {result.status} {result.message[:200]}")
+        return time.perf_counter() - start - impl.inside
 
     time_load(), time_runner()  # warm the page cache and imports
     load = min(time_load() for _ in range(args.repeats))

@@ -44,6 +44,11 @@ def compare_output(
         return OutputVerdict(name, False, f"output '{name}': {problem}")
     if policy.kind == "exact":
         return _compare_exact(name, expected, actual)
+    if policy.tolerant and torch.equal(_bits(expected), _bits(actual)):
+        # bit-identical: every bound holds with zero error; skip the element-wise work
+        zero = {"numel": expected.numel(), "mismatched": 0, "max_abs_err": 0.0, "max_ulps": 0.0, "rel_l2": 0.0,
+                "ulps_headroom": 0.0 if policy.ulps else None, "rel_l2_headroom": 0.0 if policy.rel_l2 else None}
+        return OutputVerdict(name, True, metrics=zero)
     if policy.kind == "index":
         return _compare_index(name, expected, actual, policy, aux or {}, params or {})
     return _compare_tolerant(name, expected, actual, policy)
