@@ -110,30 +110,18 @@ QUANT_OUTPUTS = (
     OutputSpec("scale_bytes", "exact", "uint8 per block: e4m3fn bits or e8m0 biased exponent"),
 )
 
-register(Component(
-    name="quant.fp4_e4m3",
-    summary="fp4 QDQ, block 16, e4m3 scales e4m3(amax/6), amax floor 6*2^-9 (compressed KV)",
-    upstream="K41:158-161, 165-170; M:760",
-    inputs=("x",), outputs=QUANT_OUTPUTS,
-    build=_quant_inputs(16, 6.0, "quant.fp4_e4m3"),
-    reference=_quant_reference(nx.fp4_qdq_e4m3), floor=4,
-))
-register(Component(
-    name="quant.fp4_e8m0",
-    summary="fp4 QDQ, block 32, power-of-two scales ceil2(amax*fp32(1/6)), floor 6*2^-126 (indexer q, k)",
-    upstream="K41:163-170; M:546, M:552",
-    inputs=("x",), outputs=QUANT_OUTPUTS,
-    build=_quant_inputs(32, 6.0, "quant.fp4_e8m0"),
-    reference=_quant_reference(nx.fp4_qdq_e8m0), floor=4,
-))
-register(Component(
-    name="quant.fp8_ue8m0",
-    summary="fp8 e4m3 QDQ, block 32, power-of-two scales ceil2(amax*fp32(1/448)), amax floor 1e-4 (window KV)",
-    upstream="K41:41-113; M:700-720",
-    inputs=("x",), outputs=QUANT_OUTPUTS,
-    build=_quant_inputs(32, 448.0, "quant.fp8_ue8m0"),
-    reference=_quant_reference(nx.fp8_qdq_ue8m0), floor=4,
-))
+# name, summary, upstream lines, block, the block max that gives scale 1, reference quantiser
+QUANTISERS = (
+    ("quant.fp4_e4m3", "fp4 QDQ, block 16, e4m3 scales e4m3(amax/6), amax floor 6*2^-9 (compressed KV)",
+     "K41:158-161, 165-170; M:760", 16, 6.0, nx.fp4_qdq_e4m3),
+    ("quant.fp4_e8m0", "fp4 QDQ, block 32, power-of-two scales ceil2(amax*fp32(1/6)), floor 6*2^-126 (indexer q, k)",
+     "K41:163-170; M:546, M:552", 32, 6.0, nx.fp4_qdq_e8m0),
+    ("quant.fp8_ue8m0", "fp8 e4m3 QDQ, block 32, power-of-two scales ceil2(amax*fp32(1/448)), amax floor 1e-4 "
+     "(window KV)", "K41:41-113; M:700-720", 32, 448.0, nx.fp8_qdq_ue8m0),
+)
+for _name, _summary, _upstream, _block, _top, _fn in QUANTISERS:
+    register(Component(name=_name, summary=_summary, upstream=_upstream, inputs=("x",), outputs=QUANT_OUTPUTS,
+                       build=_quant_inputs(_block, _top, _name), reference=_quant_reference(_fn), floor=4))
 
 
 # --- linear.f32 and norm.rms ----------------------------------------------------------------
