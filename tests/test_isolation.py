@@ -73,3 +73,29 @@ def test_shards_partition_the_cases(tmp_path):
     assert sum(len(s) for s in seen) == len(everything)
     bad = run_cli("run", "--impl", "reference", "--shard", "4/3")
     assert bad.returncode == 2 and "--shard" in bad.stderr
+
+
+def test_a_sticky_cuda_error_is_charged_to_its_case_and_the_worker_is_replaced(tmp_path):
+    report = tmp_path / "rep"
+    proc = run_cli("run", "--impl", f"{ROOT}/tests/impls/wrong.py:StickyCudaError", "--select", "norm.rms",
+                   "--report-dir", str(report))
+    assert proc.returncode == 1
+    doc = results(report)
+    got = statuses(doc)
+    assert got["norm.rms/latent-4x512"] == "error"
+    assert [s for c, s in got.items() if c != "norm.rms/latent-4x512"] == ["pass"] * 3
+    message = next(c["message"] for c in doc["cases"] if c["id"] == "norm.rms/latent-4x512")
+    assert "illegal memory access" in message and "worker was restarted" in message
+
+
+def test_device_workers_take_one_gpu_each(monkeypatch):
+    import torch
+
+    from harness.adapters.device import pick_device
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
+    assert pick_device("cuda") == "cuda:1"
+    assert pick_device("cuda:0") == "cuda:0"
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    assert pick_device("cuda") == "cuda:0"

@@ -186,3 +186,15 @@ class Chaos(ReferenceAdapter):
             y.view(-1)[0] = float("nan")
             out["y"] = y
         return out
+
+
+class StickyCudaError(ReferenceAdapter):
+    """Fails one case the way a faulting kernel does after synchronisation; the process must be replaced."""
+
+    def run(self, component, inputs, params):
+        if component == "norm.rms" and inputs["x"].shape[-1] == 512:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        out = super().run(component, inputs, params)
+        if component == "norm.rms":
+            out["y"] = out["y"].clone()
+        return out
