@@ -47,6 +47,7 @@ def compare_output(
     if policy.tolerant and torch.equal(_bits(expected), _bits(actual)):
         # bit-identical: every bound holds with zero error; skip the element-wise work
         zero = {"numel": expected.numel(), "mismatched": 0, "max_abs_err": 0.0, "max_ulps": 0.0, "rel_l2": 0.0,
+                "diff_fraction": 0.0,
                 "ulps_headroom": 0.0 if policy.ulps else None, "rel_l2_headroom": 0.0 if policy.rel_l2 else None}
         return OutputVerdict(name, True, metrics=zero)
     if policy.kind == "index":
@@ -117,7 +118,7 @@ def ulp_of(expected: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Spacing of `dtype` at |expected| (float64), subnormal spacing near zero."""
     e = expected.double().abs()
     _, exp = torch.frexp(e)  # e = m * 2**exp with m in [0.5, 1)
-    floor_log2 = torch.clamp(exp.double() - 1, min=MIN_EXPONENT[dtype])
+    floor_log2 = torch.where(e == 0, float(MIN_EXPONENT[dtype]), exp.double() - 1).clamp(min=MIN_EXPONENT[dtype])
     return torch.pow(2.0, floor_log2 - MANTISSA_BITS[dtype])
 
 
@@ -158,6 +159,8 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     err_norm = float(diff.norm())
     rel_l2 = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
     max_ulps = float(ulps.max()) if ulps.numel() else 0.0
+    counted = int(finite.sum())
+    diff_fraction = float((diff > 0).sum()) / counted if counted else 0.0
     max_abs = float(diff.max()) if diff.numel() else 0.0
     metrics = {
         "numel": expected.numel(),
@@ -165,10 +168,12 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
         "max_abs_err": max_abs,
         "max_ulps": max_ulps,
         "rel_l2": rel_l2,
+        "diff_fraction": diff_fraction,
         "ulps_headroom": (max_ulps / policy.ulps) if policy.ulps else None,
         "rel_l2_headroom": (rel_l2 / policy.rel_l2) if policy.rel_l2 else None,
     }
-    ok = mask_failures == 0 and over_count == 0 and rel_l2 <= policy.rel_l2
+    ok = (mask_failures == 0 and over_count == 0 and rel_l2 <= policy.rel_l2
+          and diff_fraction <= policy.max_diff_fraction)
     if ok:
         return OutputVerdict(name, True, metrics=metrics)
     header = [f"output '{name}': not close ({policy.describe()})"]
@@ -179,7 +184,8 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
             f"  worst element {list(worst)}: actual {_fmt(actual[worst])}, expected {_fmt(expected[worst])}, "
             f"|diff| {float(diff[worst]):.3g} = {float(ulps[worst]):.3g} ulp (allowed {float(bound[worst]):.3g})"
         )
-    header.append(f"  max {max_ulps:.3g} ulp, max |diff| {max_abs:.3g}, rel L2 {rel_l2:.3g} (allowed {policy.rel_l2:g})")
+    header.append(f"  max {max_ulps:.3g} ulp, max |diff| {max_abs:.3g}, rel L2 {rel_l2:.3g} (allowed {policy.rel_l2:g}), "
+                  f"{100 * diff_fraction:.3g}% of elements differ (allowed {100 * policy.max_diff_fraction:.3g}%)")
     if over_count:
         header += _value_table(expected, actual, over)
     return OutputVerdict(name, False, "\n".join(header + lines), metrics)

@@ -10,7 +10,9 @@ Kinds:
 - `bf16` / `f32`: same dtype and shape; positions of NaN, +inf, -inf and of the `sentinels`
   values must match exactly; then every element within `ulps` units in the last place of the
   expected value in that format, plus `atol`, plus `atol_rel` times the largest |expected|; then the global relative L2 error within
-  `rel_l2`. All three must hold.
+  `rel_l2`; and at most `max_diff_fraction` of the elements may differ at all (a correct
+  implementation flips the last bit of a few elements; a moved rounding point flips many). All
+  must hold.
 - `index`: integer ids compared exactly; when they differ the index verdict classifies each
   row as tie order only or a miss, using the reference scores stored as `aux.<scores>`. Rows
   that differ only in tie order pass when `accept_ties` is set.
@@ -24,7 +26,7 @@ from typing import Any
 from .errors import UsageError
 
 KINDS = ("exact", "bf16", "f32", "index")
-TUNABLE = ("ulps", "atol", "atol_rel", "rel_l2", "accept_ties")
+TUNABLE = ("ulps", "atol", "atol_rel", "rel_l2", "max_diff_fraction", "accept_ties")
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class Policy:
     atol: float = 0.0
     atol_rel: float = 0.0  # absolute floor as a fraction of max |expected| (cancellation near zero)
     rel_l2: float = 0.0
+    max_diff_fraction: float = 1.0  # share of elements allowed to differ at all (1.0: no limit)
     sentinels: tuple[float, ...] = ()
     # index kind only
     scores: str | None = None  # aux tensor with the reference scores the selection came from
@@ -88,7 +91,8 @@ class Policy:
         if self.kind in ("bf16", "f32"):
             floor = f" + {self.atol:g}" if self.atol else ""
             floor += f" + {self.atol_rel:g}*max|e|" if self.atol_rel else ""
-            return f"{self.kind}: |a-e| <= {self.ulps:g} ulp{floor}, rel L2 <= {self.rel_l2:g}"
+            share = f", <= {self.max_diff_fraction:g} of elements differ" if self.max_diff_fraction < 1.0 else ""
+            return f"{self.kind}: |a-e| <= {self.ulps:g} ulp{floor}, rel L2 <= {self.rel_l2:g}{share}"
         if self.kind == "index":
             return "index: exact" + (" (tie order accepted)" if self.accept_ties else "")
         return "exact (bitwise)"

@@ -20,6 +20,7 @@ from ..reference import candidates as cd
 from ..reference import window as wn
 from ..registry import Component, OutputSpec, register
 from .build import need, normal
+from ..reference.numerics import randn
 
 NINF = float("-inf")
 
@@ -41,7 +42,7 @@ def _select_inputs(params, build, gen):
         lens = torch.div(torch.arange(start + 1, start + S + 1), ratio, rounding_mode="floor")
         kind = build.get("kind", "normal")
         if kind == "normal":
-            logits = torch.randn((b, S, W), generator=gen)
+            logits = randn((b, S, W), generator=gen)
         elif kind == "levels":  # few values: many blocks share their maximum
             logits = torch.randint(0, int(build.get("levels", 3)), (b, S, W), generator=gen).float()
         elif kind == "constant":

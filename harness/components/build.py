@@ -11,10 +11,11 @@ from typing import Any
 import torch
 
 from ..errors import CaseSpecError
+from ..reference.numerics import randn
 
 
 def normal(gen: torch.Generator, shape, scale: float = 1.0, dtype=torch.bfloat16) -> torch.Tensor:
-    return (torch.randn(tuple(shape), generator=gen, dtype=torch.float32) * scale).to(dtype)
+    return (randn(tuple(shape), generator=gen) * scale).to(dtype)
 
 
 def uniform(gen: torch.Generator, shape, low: float, high: float, dtype=torch.float32) -> torch.Tensor:

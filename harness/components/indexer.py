@@ -27,6 +27,7 @@ from ..reference import numerics as nx
 from ..reference import rope as rp
 from ..registry import Component, OutputSpec, register
 from .build import need, normal
+from ..reference.numerics import randn
 
 NINF = float("-inf")
 LEAK_POLICIES = ("upstream", "drop")
@@ -165,13 +166,13 @@ def _score_rows(kinds: list[str], build: dict, gen: torch.Generator, shape: list
     for r in range(b * S):
         kind = kinds[r % len(kinds)]
         if kind == "normal":
-            row = torch.randn(T, generator=gen) * float(build.get("scale", 1.0))
+            row = randn(T, generator=gen) * float(build.get("scale", 1.0))
         elif kind == "levels":  # few bf16 values: dense ties at the k-th score
             row = torch.randint(0, int(build.get("levels", 4)), (T,), generator=gen).float() * 0.5
         elif kind == "constant":
             row = torch.full((T,), float(build.get("value", 0.375)))
         elif kind == "relu":  # what ReLU leaves when most heads score <= 0: mostly exact zeros
-            row = (torch.randn(T, generator=gen) - float(build.get("shift", 1.0))).relu()
+            row = (randn(T, generator=gen) - float(build.get("shift", 1.0))).relu()
         elif kind == "ninf_runs":  # runs of -inf inside the valid prefix, ties among the rest
             run = int(build.get("run", 3))
             phase = int(torch.randint(0, 2 * run, (1,), generator=gen))

@@ -12,6 +12,7 @@ from ..errors import CaseSpecError
 from ..reference import numerics as nx
 from ..registry import Component, OutputSpec, register
 from .build import dtype_of, need, normal, tile_to, uniform
+from ..reference.numerics import randn
 
 E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
@@ -70,7 +71,7 @@ def _quant_inputs(block: int, top: float, component: str):
             x = x * rows.repeat(-(-shape[0] // len(rows)))[: shape[0]].reshape(-1, *([1] * (len(shape) - 1)))
             return {"x": x.to(torch.bfloat16)}
         if kind == "log_uniform":
-            mag = torch.exp2(uniform(gen, shape, float(build.get("low_exp", -20)), float(build.get("high_exp", 10))))
+            mag = torch.exp2(uniform(gen, shape, float(build.get("low_exp", -20)), float(build.get("high_exp", 10))).double()).float()
             sign = torch.where(torch.rand(tuple(shape), generator=gen) < 0.5, -1.0, 1.0)
             return {"x": (mag * sign).to(torch.bfloat16)}
         if kind == "zero_blocks":
@@ -157,7 +158,7 @@ def _norm_inputs(params, build, gen):
     x = x * tile_to(scales, [shape[0], 1])
     if build.get("zero_row", False):
         x[0] = 0.0
-    weight = (1.0 + 0.25 * torch.randn(shape[-1], generator=gen)).to(torch.bfloat16)
+    weight = (1.0 + 0.25 * randn(shape[-1], generator=gen)).to(torch.bfloat16)
     return {"x": x.to(dtype), "weight": weight}
 
 

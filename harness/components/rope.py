@@ -37,9 +37,7 @@ def _table_reference(inputs, params):
     inv = rp.yarn_inv_freq(args["dim"], args["base"], args["original_seq_len"], args["factor"],
                            args["beta_fast"], args["beta_slow"])
     # Rows at the requested positions of the table upstream builds (angle = fp32(p) * inv).
-    angle = torch.outer(positions, inv)
-    table = torch.view_as_real(torch.polar(torch.ones_like(angle), angle)).contiguous()
-    return {"inv_freq": inv, "table": table}
+    return {"inv_freq": inv, "table": rp.table_rows(inv, positions)}
 
 
 register(Component(

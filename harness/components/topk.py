@@ -18,6 +18,7 @@ from ..errors import CaseSpecError
 from ..reference.topk import torch_cpu_topk
 from ..registry import Component, OutputSpec, register
 from .build import dtype_of, need
+from ..reference.numerics import randn
 
 NINF = float("-inf")
 
@@ -27,7 +28,7 @@ def _topk_inputs(params, build, gen):
     kind = build.get("kind", "gauss_bf16")
     shape = (rows, n)
     if kind == "gauss_bf16":  # bf16-quantised Gaussians: ties from the 8-bit mantissa
-        x = torch.randn(shape, generator=gen).to(torch.bfloat16).float()
+        x = randn(shape, generator=gen).to(torch.bfloat16).float()
     elif kind == "few_values":
         pool = torch.tensor([float(v) for v in build.get("pool", [0.0, 1.0, 2.0])])
         x = pool[torch.randint(len(pool), shape, generator=gen)]
@@ -36,9 +37,9 @@ def _topk_inputs(params, build, gen):
     elif kind == "ninf_scattered":  # mostly -inf with a few finite (the masked indexer rows)
         x = torch.full(shape, NINF)
         keep = torch.rand(shape, generator=gen) < float(build.get("finite_fraction", 0.05))
-        x[keep] = torch.randn(shape, generator=gen)[keep].to(torch.bfloat16).float()
+        x[keep] = randn(shape, generator=gen)[keep].to(torch.bfloat16).float()
     elif kind == "relu_zeros":  # ReLU zeros: many exact ties at 0 and a positive tail
-        x = torch.relu(torch.randn(shape, generator=gen) - float(build.get("shift", 1.0))).to(torch.bfloat16).float()
+        x = torch.relu(randn(shape, generator=gen) - float(build.get("shift", 1.0))).to(torch.bfloat16).float()
     elif kind == "special":  # NaN, +-inf, +-0 sprinkled over small integers
         pool = torch.tensor([float("nan"), float("inf"), NINF, 0.0, -0.0, 1.0, 2.0, -1.0])
         x = pool[torch.randint(len(pool), shape, generator=gen)]

@@ -49,6 +49,7 @@ import torch
 from harness.reference.candidates import select_candidate_blocks
 from harness.reference.compressor import CompressorWeights, compressor_step
 from harness.reference.config import AttnConfig, layer_roles, rope_params
+from harness.reference.numerics import einsum_f32, randn
 from harness.reference.indexer import IndexerWeights, indexer_forward
 from harness.reference.kv_finish import kv_finish
 from harness.reference.numerics import fp8_qdq_ue8m0, linear_bf16, rms_norm
@@ -122,10 +123,10 @@ def init_weights(cfg: AttnConfig, seed: int) -> tuple[LayerWeights, ...]:
     g = torch.Generator().manual_seed(seed)
 
     def lin(out_f: int, in_f: int) -> torch.Tensor:
-        return (torch.randn(out_f, in_f, generator=g) * in_f ** -0.5).to(torch.bfloat16)
+        return (randn(out_f, in_f, generator=g) * in_f ** -0.5).to(torch.bfloat16)
 
     def norm(n: int) -> torch.Tensor:
-        return (1.0 + 0.1 * torch.randn(n, generator=g)).to(torch.bfloat16)
+        return (1.0 + 0.1 * randn(n, generator=g)).to(torch.bfloat16)
 
     h, hd, ihd = cfg.n_heads, cfg.head_dim, cfg.index_head_dim
     group_in = h * hd // cfg.o_groups
@@ -135,7 +136,7 @@ def init_weights(cfg: AttnConfig, seed: int) -> tuple[LayerWeights, ...]:
                     wq_b=lin(h * hd, cfg.q_lora_rank), wkv=lin(hd, cfg.dim), kv_norm=norm(hd),
                     wo_a=lin(cfg.o_groups * cfg.o_lora_rank, group_in),
                     wo_b=lin(cfg.dim, cfg.o_groups * cfg.o_lora_rank),
-                    attn_sink=torch.randn(h, generator=g))
+                    attn_sink=randn(h, generator=g))
         if role.is_kv_source:
             wkv = lin(hd, cfg.dim)
             gate = lin(hd, cfg.dim).float() if role.ratio == 2 else None
@@ -258,7 +259,7 @@ def attention_step(layer: int, cfg: AttnConfig, weights: LayerWeights, state: La
     attn = sparse_attn(q, kv_all, w.attn_sink, ids, cfg.softmax_scale)        # [b, S, h, hd]
     o = apply_rotary(attn, freqs, rd, inverse=True)
     wo_a = w.wo_a.view(cfg.o_groups, cfg.o_lora_rank, -1)                     # [g, r, h*hd/g]
-    z = _per_token(lambda t: torch.einsum("bsgd,grd->bsgr", t, wo_a),
+    z = _per_token(lambda t: einsum_f32("bsgd,grd->bsgr", t, wo_a).to(torch.bfloat16),
                    o.reshape(b, S, cfg.o_groups, -1))                         # [b, S, g, r]
     out = _per_token(lambda t: linear_bf16(t, w.wo_b), z.flatten(2))          # [b, S, dim]
     dumps.update(kv=kv_all, attn=attn, o=o)

@@ -226,7 +226,9 @@ def pool_group(group: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"pool_group takes fp32 [b, r, 2, hd], got {group.dtype} {tuple(group.shape)}")
     score = group[:, :, SCORE].contiguous()  # [b, r, hd]
     latent = group[:, :, LATENT].contiguous()  # [b, r, hd]
-    return (latent * score.softmax(dim=1)).sum(dim=1)
+    # softmax and weighted sum in float64, rounded once to fp32: portable across CPUs
+    weights = torch.softmax(score.double(), dim=1)  # [b, r, hd]
+    return (latent.double() * weights).sum(dim=1).float()
 
 
 def compressor_step(

@@ -279,8 +279,41 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-20) -> torch
             f"rms_norm: weight shape {tuple(weight.shape)} does not match the last dim of x {tuple(x.shape)}"
         )
     xf = x.float()
-    var = xf.square().mean(-1, keepdim=True)  # [..., 1]
-    return (weight.float() * (xf * torch.rsqrt(var + eps))).to(x.dtype)
+    # Portable: the mean of squares and the reciprocal square root in float64 (exact products,
+    # correctly rounded sqrt and division), one rounding to fp32; the products stay in fp32 as
+    # upstream. A vectorised fp32 mean or rsqrt would depend on the CPU's vector width.
+    var = xf.double().square().mean(-1, keepdim=True)  # [..., 1]
+    inv = (1.0 / torch.sqrt(var + eps)).float()
+    return (weight.float() * (xf * inv)).to(x.dtype)
+
+
+def randn(*size, generator: torch.Generator, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Standard normal samples that are the same on every CPU.
+
+    torch's fp32 `randn` uses a vectorised Box-Muller whose last bits depend on the instruction
+    set; the float64 path does not, so draw in float64 and round once.
+    """
+    return torch.randn(*size, generator=generator, dtype=torch.float64).to(dtype)
+
+
+def exp_f32(x: torch.Tensor) -> torch.Tensor:
+    """exp of fp32 values, computed in float64 and rounded once to fp32.
+
+    torch's vectorised fp32 exp differs in the last bit between CPU instruction sets; the float64
+    result rounded to fp32 is the correctly rounded value on every machine (barring a float64 result
+    within one float64 ulp of an fp32 rounding boundary), so goldens do not depend on the CPU.
+    """
+    return torch.exp(x.double()).float()
+
+
+def sum_f32(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum of fp32 values over `dim`, accumulated in float64, rounded once (order-independent)."""
+    return x.double().sum(dim=dim).float()
+
+
+def einsum_f32(equation: str, *operands: torch.Tensor) -> torch.Tensor:
+    """fp32 einsum with an ideal accumulator: float64 products and sums, one rounding to fp32."""
+    return torch.einsum(equation, *(o.double() for o in operands)).float()
 
 
 def _accumulate(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

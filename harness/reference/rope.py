@@ -86,8 +86,19 @@ def freqs_table(
     if seqlen < 0:
         raise ValueError(f"seqlen must be >= 0, got {seqlen}")
     inv = yarn_inv_freq(dim, base, original_seq_len, factor, beta_fast, beta_slow)
-    angle = torch.outer(torch.arange(seqlen), inv)  # [seqlen, dim/2] fp32
-    return torch.view_as_real(torch.polar(torch.ones_like(angle), angle)).contiguous()
+    return table_rows(inv, torch.arange(seqlen))
+
+
+def table_rows(inv: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """fp32 [P, dim/2, 2]: (cos, sin) of angle = fp32(p) * inv for the given int64 positions.
+
+    The angle is rounded to fp32 once, as upstream's torch.outer. Its cos and sin are evaluated in
+    float64 and rounded once: torch's vectorised fp32 polar/sin/cos differ in the last bit
+    between CPU instruction sets, and goldens must not.
+    """
+    angle = torch.outer(positions, inv)  # [P, dim/2] fp32
+    a64 = angle.double()
+    return torch.stack([torch.cos(a64), torch.sin(a64)], dim=-1).float().contiguous()
 
 
 def apply_rotary(

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from harness.reference.numerics import einsum_f32, exp_f32, sum_f32
+
 TILE = 64           # index entries per tile (K41:328)
 M_INIT = -1e30      # running-max start (K41:352-355); -inf would make all-absent rows NaN
 
@@ -78,16 +80,16 @@ def sparse_attn(q: torch.Tensor, kv: torch.Tensor, attn_sink: torch.Tensor,
     acc = torch.zeros((b, m, h, d), dtype=torch.float32)
     for t0 in range(0, topk_idxs.shape[-1], TILE):
         rows, present = _gather(kv, topk_idxs[:, :, t0:t0 + TILE])  # [b,m,T,d], [b,m,T]
-        s = torch.einsum("bmhd,bmtd->bmht", qf, rows) * scale        # [b,m,h,T] fp32
+        s = einsum_f32("bmhd,bmtd->bmht", qf, rows) * scale          # [b,m,h,T] fp32
         s = s.masked_fill(~present.unsqueeze(2), float("-inf"))
         new_max = torch.maximum(run_max, s.amax(dim=-1))             # [b,m,h]
-        alpha = torch.exp(run_max - new_max)
-        p = torch.exp(s - new_max.unsqueeze(-1))                     # [b,m,h,T] fp32
-        denom = denom * alpha + p.sum(dim=-1)
+        alpha = exp_f32(run_max - new_max)
+        p = exp_f32(s - new_max.unsqueeze(-1))                       # [b,m,h,T] fp32
+        denom = denom * alpha + sum_f32(p, -1)
         p16 = p.to(torch.bfloat16).float()                           # bf16 P before P·V
-        acc = acc * alpha.unsqueeze(-1) + torch.einsum("bmht,bmtd->bmhd", p16, rows)
+        acc = acc * alpha.unsqueeze(-1) + einsum_f32("bmht,bmtd->bmhd", p16, rows)
         run_max = new_max
-    denom = denom + torch.exp(attn_sink.float().view(1, 1, h) - run_max)
+    denom = denom + exp_f32(attn_sink.float().view(1, 1, h) - run_max)
     return (acc / denom.unsqueeze(-1)).to(torch.bfloat16)
 
 
@@ -100,10 +102,10 @@ def sparse_attn_plain(q: torch.Tensor, kv: torch.Tensor, attn_sink: torch.Tensor
     _check(q, kv, attn_sink, topk_idxs)
     b, m, h, d = q.shape
     rows, present = _gather(kv, topk_idxs)                           # [b,m,K,d], [b,m,K]
-    s = torch.einsum("bmhd,bmkd->bmhk", q.float(), rows) * float(softmax_scale)
+    s = einsum_f32("bmhd,bmkd->bmhk", q.float(), rows) * float(softmax_scale)
     s = s.masked_fill(~present.unsqueeze(2), float("-inf"))          # [b,m,h,K]
     sink = attn_sink.float().view(1, 1, h).expand(b, m, h)
     mx = torch.maximum(s.amax(dim=-1) if s.shape[-1] else sink, sink)  # [b,m,h], finite
-    p = torch.exp(s - mx.unsqueeze(-1))
-    denom = p.sum(dim=-1) + torch.exp(sink - mx)
-    return (torch.einsum("bmhk,bmkd->bmhd", p, rows) / denom.unsqueeze(-1)).to(torch.bfloat16)
+    p = exp_f32(s - mx.unsqueeze(-1))
+    denom = sum_f32(p, -1) + exp_f32(sink - mx)
+    return (einsum_f32("bmhk,bmkd->bmhd", p, rows) / denom.unsqueeze(-1)).to(torch.bfloat16)

@@ -1,0 +1,113 @@
+"""The comparator's modes, each shown failing on wrong answers and passing on right ones."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.compare import compare_output, ulp_of
+from harness.policy import Policy
+
+BF16 = Policy("bf16", ulps=1, rel_l2=2 ** -9)
+
+
+def _gen(seed=0):
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+def test_exact_is_bitwise_and_reports_the_differing_elements():
+    e = torch.tensor([0.0, 1.0, -2.0])
+    assert compare_output("y", e, e.clone(), Policy("exact")).ok
+    signed_zero = torch.tensor([-0.0, 1.0, -2.0])
+    verdict = compare_output("y", e, signed_zero, Policy("exact"))
+    assert not verdict.ok and "1 / 3" in verdict.message and "[0]" in verdict.message
+
+
+def test_attributes_come_first():
+    e = torch.zeros(4, dtype=torch.bfloat16)
+    assert "dtype float32 != expected bfloat16" in compare_output("y", e, torch.zeros(4), BF16).message
+    assert "shape [5] != expected [4]" in compare_output("y", e, torch.zeros(5, dtype=torch.bfloat16), BF16).message
+    assert "expected a torch.Tensor" in compare_output("y", e, [0.0] * 4, BF16).message
+
+
+def test_ulp_of_bf16_and_f32():
+    e = torch.tensor([1.0, 1.5, 2.0, 0.0, 3e-39])
+    assert ulp_of(e, torch.bfloat16).tolist()[:3] == [2 ** -7, 2 ** -7, 2 ** -6]
+    assert ulp_of(e, torch.float32)[0] == 2 ** -23
+    assert ulp_of(e, torch.bfloat16)[3] == 2 ** -133  # bf16 subnormal spacing at zero
+
+
+def test_bf16_accepts_another_summation_order_and_rejects_trivial_answers():
+    x = torch.randn(64, 256, generator=_gen(), dtype=torch.float64)
+    w = torch.randn(256, 128, generator=_gen(1), dtype=torch.float64)
+    xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
+    expected = (xb.double() @ wb.double()).float().to(torch.bfloat16)  # ideal fp32 accumulator
+    reordered = torch.zeros(64, 128)
+    for k in reversed(range(0, 256, 32)):  # fp32 sums in blocks, back to front
+        reordered += (xb[:, k:k + 32].float() @ wb[k:k + 32].float())
+    other_order = reordered.to(torch.bfloat16)
+    assert not torch.equal(other_order, expected)
+    verdict = compare_output("y", expected, other_order, BF16)
+    assert verdict.ok and verdict.metrics["max_ulps"] <= 1
+    for wrong in (torch.zeros_like(expected), (expected.double() * (1 + 2 ** -6)).to(torch.bfloat16),
+                  (expected.double() + ulp_of(expected, torch.bfloat16)).to(torch.bfloat16)):
+        assert not compare_output("y", expected, wrong, BF16).ok
+
+
+def test_masks_of_non_finite_and_sentinel_values_must_match():
+    e = torch.tensor([1.0, float("inf"), 0.0, 2.0]).to(torch.bfloat16)
+    nan = e.clone()
+    nan[0] = float("nan")
+    assert "NaN positions differ" in compare_output("y", e, nan, BF16).message
+    finite = e.clone()
+    finite[1] = 3.0
+    assert "+inf positions differ" in compare_output("y", e, finite, BF16).message
+    sentinel = Policy("bf16", ulps=1, rel_l2=1.0, atol=1.0, sentinels=(0.0,))
+    tiny = e.clone()
+    tiny[2] = 1e-3
+    assert not compare_output("y", e, tiny, sentinel).ok  # within atol, but the 0 sentinel must stay 0
+    assert compare_output("y", e, tiny, Policy("bf16", ulps=1, rel_l2=1.0, atol=1.0)).ok
+
+
+def test_diff_fraction_catches_a_moved_rounding_point():
+    e = torch.randn(4096, generator=_gen(2)).to(torch.bfloat16)
+    flipped = e.clone()
+    flipped[::4] = (e[::4].double() + ulp_of(e[::4], torch.bfloat16)).to(torch.bfloat16)
+    loose = Policy("bf16", ulps=2, rel_l2=0.01)
+    assert compare_output("y", e, flipped, loose).ok
+    strict = Policy("bf16", ulps=2, rel_l2=0.01, max_diff_fraction=0.02)
+    verdict = compare_output("y", e, flipped, strict)
+    assert not verdict.ok and "25% of elements differ" in verdict.message
+
+
+def test_f32_atol_rel_absorbs_cancellation_but_not_scaling():
+    x = torch.randn(16, 1024, generator=_gen(3))
+    w = torch.randn(1024, 32, generator=_gen(4))
+    expected = (x.double() @ w.double()).float()
+    fp32 = x @ w
+    policy = Policy("f32", ulps=8, atol_rel=2 ** -16, rel_l2=1e-5)
+    assert compare_output("y", expected, fp32, policy).ok
+    assert not compare_output("y", expected, (expected.double() * (1 + 2 ** -6)).float(), policy).ok
+
+
+def test_index_outputs_exact_tie_and_miss():
+    scores = torch.tensor([[5.0, 3.0, 3.0, 1.0], [4.0, 3.0, 2.0, 1.0]])
+    expected = torch.tensor([[0, 1], [0, 1]])
+    policy = Policy("index", scores="aux.s", order="sequence")
+    aux = {"aux.s": scores}
+    assert compare_output("ids", expected, expected.clone(), policy, aux).ok
+    tie = compare_output("ids", expected, torch.tensor([[0, 2], [0, 1]]), policy, aux)
+    assert not tie.ok and tie.tie_only and tie.metrics["rows_tie"] == 1
+    accepting = Policy("index", scores="aux.s", order="sequence", accept_ties=True)
+    assert compare_output("ids", expected, torch.tensor([[0, 2], [0, 1]]), accepting, aux).ok
+    miss = compare_output("ids", expected, torch.tensor([[0, 1], [0, 2]]), accepting, aux)
+    assert not miss.ok and miss.metrics["rows_miss"] == 1
+
+
+def test_set_ordered_ids_must_be_ascending_with_the_fill_last():
+    scores = torch.tensor([[1.0, 2.0, 3.0, float("-inf")]])
+    policy = Policy("index", scores="aux.s", order="set")
+    expected = torch.tensor([[1, 2, -1]])
+    verdict = compare_output("ids", expected, torch.tensor([[2, 1, -1]]), policy, {"aux.s": scores})
+    assert not verdict.ok and "not in ascending order" in verdict.message
