@@ -231,7 +231,8 @@ def _compare_index(
         scores = scores.float()  # exact widening, as torch's CPU top-k compares them
     result = classify_index_rows(
         expected, actual, scores, offset=offset, largest=bool(params.get("largest", policy.largest)),
-        order=policy.order
+        order=policy.order, id_limit=aux.get(policy.limit) if policy.limit else None,
+        fill_is_worst=policy.fill_is_worst
     )
     metrics = {"rows": result.rows, "rows_exact": result.exact, "rows_tie": result.tie, "rows_miss": result.miss}
     unordered = _unordered_rows(expected, actual) if policy.order == "set" else 0

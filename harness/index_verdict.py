@@ -160,18 +160,28 @@ def _check_inputs(expected: torch.Tensor, actual: torch.Tensor, scores: torch.Te
         )
 
 
-def _validate_expected(e: torch.Tensor, n: int, offset: int, id_limit: int | None) -> None:
+def _row_limits(id_limit: int | torch.Tensor | None, lead: tuple[int, ...], r: int) -> torch.Tensor | None:
+    if id_limit is None:
+        return None
+    if isinstance(id_limit, torch.Tensor) and id_limit.dim() > 0:
+        if tuple(id_limit.shape) != lead:
+            raise ValueError(f"id_limit {tuple(id_limit.shape)} must have the ids' leading dims {lead}")
+        return id_limit.reshape(r).to(torch.int64)
+    return torch.full((r,), int(id_limit), dtype=torch.int64)
+
+
+def _validate_expected(e: torch.Tensor, n: int, offset: int, id_limit: torch.Tensor | None) -> None:
     """The reference must itself satisfy the invariants; anything else is a harness bug."""
     valid = e != -1
     pos = e - offset
     bad = valid & ((pos < 0) | (pos >= n) | (e < 0))
     if id_limit is not None:
-        bad |= valid & (e >= id_limit)
+        bad |= valid & (e >= id_limit[:, None])
     if bad.any():
         r, c = (int(v) for v in torch.nonzero(bad)[0])
         raise ValueError(
             f"reference ids are invalid: row {r} slot {c} holds {int(e[r, c])}, outside "
-            f"[offset, offset + N) = [{offset}, {offset + n}) (id_limit={id_limit}); "
+            f"[offset, offset + N) = [{offset}, {offset + n}) (id_limit={None if id_limit is None else int(id_limit[r])}); "
             "check offset and that scores are aligned with the ids"
         )
     srt = torch.sort(torch.where(valid, e, -1 - torch.arange(e.shape[1])), dim=1).values
@@ -187,13 +197,22 @@ def classify_index_rows(
     offset: int = 0,
     largest: bool = True,
     order: Literal["sequence", "set"] = "sequence",
-    id_limit: int | None = None,
+    id_limit: int | torch.Tensor | None = None,
+    fill_is_worst: bool = False,
 ) -> IndexVerdict:
     """Classify each row of ``actual`` ids against ``expected`` as exact, tie or miss.
 
     expected, actual: int [..., K] selected ids (-1 = none); scores: float [..., N] reference
     scores the selection was made from, score position = id - offset. Raises ValueError when
     shapes disagree or the reference ids break the invariants themselves.
+
+    id_limit: an exclusive upper bound on valid ids, one for all rows or a tensor with one per
+    row (the leading dims), e.g. compress_lens + offset: a valid id at or above it points at a
+    row the query cannot reach and is out of range.
+    fill_is_worst: for selections of fixed width k whose -1 lanes stand for picks of the worst
+    possible score (unreachable entries that top-k had to take): in rows whose k-th reference
+    score is that worst value (-inf when largest), a -1 lane is tied with the k-th score, so
+    trading a -1 for another worst-score id (or back) is tie order, not a miss.
 
     >>> s = torch.tensor([[1.0, 1.0, 0.0]])
     >>> classify_index_rows(torch.tensor([[0]]), torch.tensor([[1]]), s).tie
@@ -205,7 +224,8 @@ def classify_index_rows(
     r = math.prod(lead)
     e = expected.reshape(r, k).to(torch.int64)  # [R, K]
     a = actual.reshape(r, k).to(torch.int64)  # [R, K]
-    _validate_expected(e, n, offset, id_limit)
+    limits = _row_limits(id_limit, lead, r)  # [R] int64 or None
+    _validate_expected(e, n, offset, limits)
     if order == "set":
         e, a = torch.sort(e, dim=1).values, torch.sort(a, dim=1).values
     rows = torch.nonzero(~(e == a).all(dim=1)).flatten()  # [R'] non-exact rows
@@ -219,8 +239,8 @@ def classify_index_rows(
     e_ok, a_valid = ev != -1, av != -1
     pos_a = av - offset
     oob = a_valid & ((av < 0) | (pos_a < 0) | (pos_a >= n))
-    if id_limit is not None:
-        oob |= a_valid & (av >= id_limit)
+    if limits is not None:
+        oob |= a_valid & (av >= limits[rows][:, None])
     a_ok = a_valid & ~oob
     srt = torch.sort(torch.where(a_valid, av, -1), dim=1).values
     viol = {
@@ -233,20 +253,32 @@ def classify_index_rows(
     else:
         viol["missing_id"] = a_valid.sum(dim=1) < e_ok.sum(dim=1)
         viol["unexpected_id"] = a_valid.sum(dim=1) > e_ok.sum(dim=1)
-    broken = torch.stack(list(viol.values())).any(dim=0)  # [R']
-
     se = torch.gather(sv, 1, torch.where(e_ok, ev - offset, 0))  # [R', K]
     sa = torch.gather(sv, 1, torch.where(a_ok, pos_a, 0))  # [R', K]
-    kth = _kth(se, e_ok, largest)  # [R']
-    has_kth = e_ok.any(dim=1)
-    tied_e = e_ok & _eqv(se, kth[:, None])
-    tied_a = a_ok & _eqv(sa, kth[:, None])
+    if fill_is_worst:
+        worst = -torch.inf if largest else torch.inf
+        se = torch.where(e_ok, se, worst)
+        sa = torch.where(a_ok, sa, worst)
+        kth = _kth(se, torch.ones_like(e_ok), largest)  # -1 lanes count as worst-score picks
+        has_kth = torch.ones_like(e_ok[:, 0])
+        fill_tied = (kth == worst)[:, None]  # rows where a -1 lane ties with the k-th pick
+        viol["missing_id"] &= ~fill_tied[:, 0]
+        viol["unexpected_id"] &= ~fill_tied[:, 0]
+        tied_e = (e_ok & _eqv(se, kth[:, None])) | (~e_ok & fill_tied)
+        tied_a = (a_ok & _eqv(sa, kth[:, None])) | (~a_valid & fill_tied)
+    else:
+        kth = _kth(se, e_ok, largest)  # [R']
+        has_kth = e_ok.any(dim=1)
+        tied_e = e_ok & _eqv(se, kth[:, None])
+        tied_a = a_ok & _eqv(sa, kth[:, None])
+    broken = torch.stack(list(viol.values())).any(dim=0)  # [R']
     core_e = torch.sort(torch.where(e_ok & ~tied_e, ev, _BIG), dim=1).values
     core_a = torch.sort(torch.where(a_ok & ~tied_a, av, _BIG), dim=1).values
     tie = ~broken & has_kth & (core_e == core_a).all(dim=1)
     tie &= tied_e.sum(dim=1) == tied_a.sum(dim=1)
     if order == "sequence":
         tie &= (_eqv(se, sa) | (~e_ok & ~a_valid)).all(dim=1)
+    lim_of = (lambda j: None) if limits is None else (lambda j: int(limits[rows_l[j]]))
 
     rows_l, tie_l = rows.tolist(), tie.tolist()
     tie_rows = tuple(r for r, t in zip(rows_l, tie_l) if t)
@@ -259,7 +291,7 @@ def classify_index_rows(
             messages.append(f"row {_multi(rows_l[j], lead)}: {VIOLATION_KINDS[kind]} ({kind})")
 
     def example(j: int) -> RowExample:
-        return _example(j, rows_l[j], lead, expected, actual, sv[j, :n], offset, id_limit,
+        return _example(j, rows_l[j], lead, expected, actual, sv[j, :n], offset, lim_of(j),
                         kth[j] if bool(has_kth[j]) else None, viol)
 
     first_tie = example(tie_l.index(True)) if tie_rows else None

@@ -43,6 +43,8 @@ class Policy:
     order: str = "sequence"  # "sequence": position matters; "set": compared as sorted sets
     largest: bool = True
     offset_param: str | None = None  # params key holding the id offset (scalar)
+    limit: str | None = None  # aux tensor: per-row exclusive upper bound on valid ids
+    fill_is_worst: bool = False  # -1 lanes stand for worst-score picks (fixed-width top-k)
     accept_ties: bool = False
     note: str = field(default="", compare=False)
 

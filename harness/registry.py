@@ -37,6 +37,8 @@ class OutputSpec:
     order: str = "sequence"
     largest: bool = True
     offset_param: str | None = None
+    limit: str | None = None  # index kind: aux tensor of per-row exclusive id limits
+    fill_is_worst: bool = False  # index kind: -1 lanes are picks of the worst score
     sentinels: tuple[float, ...] = ()
 
     def base_policy(self) -> Policy:
@@ -46,6 +48,8 @@ class OutputSpec:
             order=self.order,
             largest=self.largest,
             offset_param=self.offset_param,
+            limit=self.limit,
+            fill_is_worst=self.fill_is_worst,
             sentinels=self.sentinels,
         )
 

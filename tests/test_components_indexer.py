@@ -211,11 +211,13 @@ def test_valid_prefix_off_by_one_is_a_miss_naming_row_and_id(tmp_path):
     lab = cases["indexer.select/lab27-prefix4-top2"]
     assert lab["status"] == "fail" and lab["outputs"]["ids"]["rows_miss"] == 1
     # Query row (0, 0) now sees row 4 (score 300, -inf in the reference's masked scores).
-    assert "row (0, 0)" in lab["message"] and "only in actual (id, score):   [(4, -inf)]" in lab["message"]
+    assert "row (0, 0)" in lab["message"] and "only in actual (id, score):   [(4, None)]" in lab["message"]
+    assert "id out of range" in lab["message"]  # row 4 lies past the query's valid prefix
     assert "only in expected (id, score): [(2, 3.0)]" in lab["message"]
     assert cases["indexer.select/r1-prefill-s16-future-large"]["status"] == "fail"
     assert cases["indexer/r1-prefill-s21"]["status"] == "fail"
-    assert "valid id where the reference has -1 (unexpected_id)" in cases["indexer/r1-prefill-s21"]["message"]
+    # the extra id lies past the query's valid prefix: out of range, not merely an extra id
+    assert "id out of range (out_of_range)" in cases["indexer/r1-prefill-s21"]["message"]
     # decode at ratio 1 with a buffer of exactly the written rows: nothing past T to see
     assert cases["indexer/r1-decode-start25"]["status"] == "pass"
 
@@ -246,8 +248,9 @@ def _expected_tie_rows(case_id: str) -> int:
         low = torch.where(g["in.candidates"].gather(-1, (low - off).clamp(min=0)), low, -1)
     low = torch.where(low < 0, torch.iinfo(torch.int64).max, low).sort(-1).values
     low = torch.where(low == torch.iinfo(torch.int64).max, -1, low)
-    verdict = classify_index_rows(ids, low, masked, offset=off, order="set")
-    assert verdict.miss == 0 or "leak-upstream" in case_id, case_id
+    verdict = classify_index_rows(ids, low, masked, offset=off, order="set", id_limit=g["aux.id_limit"],
+                                  fill_is_worst=True)
+    assert verdict.miss == 0, case_id
     return verdict.tie
 
 
@@ -256,8 +259,6 @@ def test_lowest_index_ties_are_tie_order_only_and_accepted_when_the_impl_opts_in
     assert code == 1
     expected_any = 0
     for case_id, case in _by_id(doc).items():
-        if "leak-upstream" in case_id:
-            continue  # -1 vs a leaked -inf id: see test_leak_rows_differ_only_at_minus_inf_ties
         ids = case["outputs"]["ids"]
         want = _expected_tie_rows(case_id)
         expected_any += want > 0
@@ -274,16 +275,16 @@ def test_lowest_index_ties_are_tie_order_only_and_accepted_when_the_impl_opts_in
     (project / "conformance.yaml").write_text(yaml.safe_dump(conf))
     code, doc = _run(tmp_path, "cuda-like-ties", SELECTING, project / "conformance.yaml")
     statuses = {c["id"]: c["status"] for c in doc["cases"]}
-    assert all(s == "pass" for i, s in statuses.items() if "leak-upstream" not in i), statuses
-    tied = [c for c in doc["cases"] if c["tie_rows"] and "leak-upstream" not in c["id"]]
+    assert all(s == "pass" for s in statuses.values()), statuses
+    tied = [c for c in doc["cases"] if c["tie_rows"]]
     assert tied and all("differ only in tie order (accepted by policy)" in c["message"] for c in tied)
 
 
 def test_leak_rows_differ_only_at_minus_inf_ties():
-    """Under the upstream leak policy top-k must fill lanes from -inf entries; torch's order
-    took unreachable rows (-> -1) where a lowest-index top-k takes reachable non-candidate rows
-    (valid ids). The index verdict counts such rows as a miss (the valid counts differ), though
-    the rows agree on every finite score: docs/index-verdicts.md, "Known limits"."""
+    """Under the upstream leak policy top-k must fill lanes from -inf entries; torch's order took
+    unreachable rows (-> -1) where a lowest-index top-k takes reachable non-candidate rows (valid
+    ids). With `fill_is_worst` (a -1 lane is a pick at -inf) and the per-query id limit, those
+    rows are tie order; without them the valid counts differ and the rows would be misses."""
     for component in SELECTING:
         case_id = f"{component}/leak-upstream-r1-prefill-s21-blocks2-top1"
         g, p = golden(case_id), params_of(case_id)
@@ -291,16 +292,17 @@ def test_leak_rows_differ_only_at_minus_inf_ties():
         lens = torch.arange(1, masked.shape[1] + 1)
         low = lowest_index_ids(masked, ids.shape[-1], off)
         low = torch.where(low - off < lens[:, None], low, -1)
-        verdict = classify_index_rows(ids, low, masked, offset=off, order="set")
-        assert verdict.miss > 0 and verdict.tie + verdict.miss + verdict.exact == verdict.rows
-        for r in verdict.miss_rows:
-            row = masked[0, r]
-
-            def finite_ids(sel):
-                return {i for i in sel.tolist() if i >= 0 and torch.isfinite(row[i - off])}
-
-            assert finite_ids(ids[0, r]) == finite_ids(low[0, r]), (case_id, r)
-            assert (ids[0, r] == -1).any() or (low[0, r] == -1).any(), (case_id, r)
+        naive = classify_index_rows(ids, low, masked, offset=off, order="set")
+        assert naive.miss > 0
+        verdict = classify_index_rows(ids, low, masked, offset=off, order="set", id_limit=g["aux.id_limit"],
+                                      fill_is_worst=True)
+        assert verdict.miss == 0 and verdict.tie == naive.miss + naive.tie, case_id
+        # a valid id at or past the query's limit (an unreachable row) stays a miss
+        beyond = low.clone()
+        row = int(verdict.tie_rows[0])
+        beyond[0, row, -1] = int(g["aux.id_limit"][0, row])
+        assert classify_index_rows(ids, beyond, masked, offset=off, order="set", id_limit=g["aux.id_limit"],
+                                   fill_is_worst=True).violations["out_of_range"] >= 1
 
 
 def test_unpinned_newest_block_fails_candidates_select(tmp_path):

@@ -213,9 +213,15 @@ def select_reference(inputs: dict, params: dict) -> dict:
     return {"ids": ids}
 
 
+def _id_limit(lens: torch.Tensor, batch: int, params) -> torch.Tensor:
+    """int64 [b, S]: a valid id must be below the query's compress_lens + offset."""
+    return (lens.to(torch.int64) + int(params.get("offset", 0))).expand(batch, -1).contiguous()
+
+
 def _select_aux(inputs, params, outputs):
     lens = _lens(params, inputs["scores"].shape[1], "indexer.select")
-    return {"masked_scores": _masked(inputs["scores"], lens, inputs["candidates"])}
+    return {"masked_scores": _masked(inputs["scores"], lens, inputs["candidates"]),
+            "id_limit": _id_limit(lens, inputs["scores"].shape[0], params)}
 
 
 IDS_DOC = ("int32 [b, S, min(index_topk, T)]: selected rows ascending + offset, then -1 "
@@ -226,7 +232,8 @@ register(Component(
     summary="valid prefix (start+t+1)//ratio, candidate mask, torch CPU top-k, ascending ids + offset, -1 tail",
     upstream="M:563-580",
     inputs=("scores", "candidates"),
-    outputs=(OutputSpec("ids", "index", IDS_DOC, scores="masked_scores", order="set", offset_param="offset"),),
+    outputs=(OutputSpec("ids", "index", IDS_DOC, scores="masked_scores", order="set", offset_param="offset",
+                   limit="id_limit", fill_is_worst=True),),
     build=_select_inputs,
     reference=select_reference,
     aux=_select_aux,
@@ -284,7 +291,8 @@ def forward_reference(inputs: dict, params: dict) -> dict:
 
 def _forward_aux(inputs, params, outputs):
     lens = _lens(params, inputs["x"].shape[1], "indexer")
-    return {"masked_scores": _masked(outputs["scores"], lens, inputs["candidates"])}
+    return {"masked_scores": _masked(outputs["scores"], lens, inputs["candidates"]),
+            "id_limit": _id_limit(lens, inputs["x"].shape[0], params)}
 
 
 register(Component(
@@ -293,7 +301,8 @@ register(Component(
     upstream="M:550-580",
     inputs=("x", "qr", "index_k_cache", "wq_b", "weights_proj", "freqs", "candidates"),
     outputs=(
-        OutputSpec("ids", "index", IDS_DOC, scores="masked_scores", order="set", offset_param="offset"),
+        OutputSpec("ids", "index", IDS_DOC, scores="masked_scores", order="set", offset_param="offset",
+                   limit="id_limit", fill_is_worst=True),
         OutputSpec("scores", "bf16", "bf16 [b, S, T], T = (start + S) // ratio: index scores before any mask"),
     ),
     build=_forward_inputs,
