@@ -11,8 +11,9 @@ against the manifest and the schema.
 
 from __future__ import annotations
 
+import json
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -59,7 +60,8 @@ def build_golden(spec: CaseSpec, config: Config) -> Golden:
     outputs = component.execute(component.reference, inputs, dict(spec.params))
     aux = component.aux(frozen, dict(spec.params), outputs) if component.aux else {}
     # One entry per declared output: step outputs `sNN.rows` share the policy of `rows`.
-    policies = {component.output_spec(name).name: config.policy(component, name).to_json() for name in sorted(outputs)}
+    declared = sorted({component.output_spec(name).name for name in outputs})
+    policies = {name: config.policy(component, name).to_json() for name in declared}
     meta = {
         "schema": SCHEMA_VERSION,
         "case_id": spec.id,
@@ -214,10 +216,11 @@ def _drift(path, data: bytes, golden: Golden) -> str:
             elif not torch.equal(_bits(a.contiguous()), _bits(b.contiguous())):
                 differ = int((_bits(a.contiguous()) != _bits(b.contiguous())).sum())
                 lines.append(f"{name}: {differ} element byte(s) differ")
-    for key in sorted(set(golden.meta) | set(old.meta)):
+    new_meta = json.loads(json.dumps(golden.meta))  # tuples -> lists, as the file holds them
+    for key in sorted(set(new_meta) | set(old.meta)):
         if key in ("torch", "generator"):
             continue
-        if golden.meta.get(key) != old.meta.get(key):
+        if new_meta.get(key) != old.meta.get(key):
             lines.append(f"metadata '{key}' changed")
     return "; ".join(lines) or "bytes differ (tensor order or encoding)"
 
@@ -261,4 +264,4 @@ def print_progress(stream=sys.stderr) -> Callable[[int, int, str], None]:
     return show
 
 
-__all__ = ["generate", "verify", "build_golden", "GenerateReport", "GenerationError", "Iterable"]
+__all__ = ["generate", "verify", "build_golden", "GenerateReport", "GenerationError"]

@@ -14,7 +14,7 @@ the same driver with the reference, so goldens and runs cannot drift apart.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -71,7 +71,6 @@ class Component:
     aux: Callable[[Tensors, Params, Tensors], Tensors] | None = None
     floor: int = 1
     expected_outputs: Callable[[Params], tuple[str, ...]] | None = None  # for step-named outputs
-    policy_of: Callable[[str], OutputSpec] | None = None
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -81,15 +80,16 @@ class Component:
         return tuple(o.name for o in self.outputs)
 
     def output_spec(self, name: str) -> OutputSpec:
-        """The spec for `name`; step outputs such as `s03.rows` use the spec of `rows`."""
-        for spec in self.outputs:
-            if spec.name == name:
-                return spec
-        base = name.split(".", 1)[-1]
-        for spec in self.outputs:
-            if spec.name == base:
-                return spec
-        raise KeyError(f"component {self.name} has no output {name!r}")
+        """The spec for `name`. Step outputs such as `s03.rows` or `s03.l2.ids` use the spec of
+        their last part; `{prefix}` in a spec's `scores` becomes the name's prefix (`s03.l2.`),
+        so each step's ids are judged against that step's aux scores."""
+        base = name.rsplit(".", 1)[-1]
+        spec = next((s for s in self.outputs if s.name in (name, base)), None)
+        if spec is None:
+            raise KeyError(f"component {self.name} has no output {name!r}")
+        if spec.scores and "{prefix}" in spec.scores and name != base:
+            spec = replace(spec, scores=spec.scores.format(prefix=name[: len(name) - len(base)]))
+        return spec
 
 
 REGISTRY: dict[str, Component] = {}

@@ -188,7 +188,7 @@ OUTPUTS = (
     OutputSpec("out", "bf16", "bf16 [b, S, dim]: the layer's attention output after wo_a/wo_b"),
     OutputSpec("window_ids", "exact", "int32 [L, b, S, w]: every layer's window lanes (oldest first, -1 absent)"),
     OutputSpec("compressed_ids", "index", "int32 [b, S, k]: selected compressed rows + offset, ascending, "
-               "-1 tail; judged tie-aware against aux sNN.lK.scores", order="set"),
+               "-1 tail; judged tie-aware against aux sNN.lK.scores", order="set", scores="{prefix}scores"),
     OutputSpec("candidates", "exact", "bool [b, S, T]: the candidate source's published block mask"),
     OutputSpec("window_rows", "exact", "bf16 [L, b, n, hd]: every layer's ring slots written this step, oldest "
                "first (fp8 QDQ)"),
@@ -199,23 +199,7 @@ OUTPUTS = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class _LayeredComponent(Component):
-    """Resolves `sNN.lK.<name>` to the spec of `<name>`; compressed ids get that step's scores."""
-
-    def output_spec(self, name: str) -> OutputSpec:
-        parts = name.split(".")
-        base = parts[-1]
-        spec = next((s for s in self.outputs if s.name == base), None)
-        if spec is None:
-            raise KeyError(f"component {self.name} has no output {name!r}")
-        if base == "compressed_ids" and len(parts) == 3:
-            # full name: Config caches policies by spec name, and each step has its own scores
-            return dataclasses.replace(spec, name=name, scores=f"{parts[0]}.{parts[1]}.scores")
-        return spec
-
-
-register(_LayeredComponent(
+register(Component(
     name=NAME,
     summary="attention of every layer over prefill + decode, shared runtime explicit; per step and layer",
     upstream="M:613-789 (Attention), M:1166-1180 (shared_attn); §10.1 policy; chunks: harness §10.3",
