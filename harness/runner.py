@@ -33,6 +33,7 @@ class CaseResult:
     status: str
     message: str = ""
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)  # worst / total over the outputs
     duration_s: float = 0.0
     golden_sha256: str = ""
     tie_rows: int = 0
@@ -156,6 +157,7 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
         if step is not None and (first_step is None or step < first_step):
             first_step = step
     result.first_divergent_step = first_step
+    result.metrics = summarise_metrics(result.outputs)
     if attribute_errors:
         result.status = "error"
         result.message = "\n".join(attribute_errors + failures)
@@ -167,6 +169,24 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
         result.status = "pass"
         if result.tie_rows:
             result.message = f"{result.tie_rows} row(s) differ only in tie order (accepted by policy)"
+
+
+WORST = ("max_ulps", "rel_l2", "max_abs_err", "diff_fraction", "ulps_headroom", "rel_l2_headroom")
+TOTAL = ("mismatched", "rows_tie", "rows_miss")
+
+
+def summarise_metrics(outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One line of numbers per case: the worst of each error metric and the total of each count."""
+    summary: dict[str, Any] = {"outputs": len(outputs), "outputs_failed": sum(not m.get("ok") for m in outputs.values())}
+    for key in WORST:
+        values = [m[key] for m in outputs.values() if isinstance(m.get(key), (int, float))]
+        if values:
+            summary[key] = max(values)
+    for key in TOTAL:
+        values = [m[key] for m in outputs.values() if isinstance(m.get(key), int)]
+        if values:
+            summary[key] = sum(values)
+    return summary
 
 
 def _step_of(name: str) -> int | None:

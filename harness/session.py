@@ -10,7 +10,10 @@ Schema (version 1)::
                          floor, floor_ok, tie_rows, verdict}},
      problems: [str],            # run-level: floors unmet, nothing ran, stale expectations
      stale_expectations: [str],
-     cases: [{id, component, status, message, outputs: {name: {ok, policy, metrics...}},
+     cases: [{id, component, status, message, params,
+              metrics: {outputs, outputs_failed, max_ulps, rel_l2, max_abs_err, diff_fraction,
+                        ulps_headroom, rel_l2_headroom, mismatched, rows_tie, rows_miss},
+              outputs: {name: {ok, policy, and that output's metrics}},
               duration_s, golden_sha256, tie_rows, tie_example, first_divergent_step,
               expectation, repro}]}
 """
