@@ -48,6 +48,8 @@ def render_html(doc: dict) -> str:
                 out.append(f"<p>params: <code>{escape(shown[:600])}</code></p>")
             if case.get("message"):
                 out.append(f"<pre>{escape(case['message'])}</pre>")
+            if case.get("tie_example") and case["status"] == "pass":
+                out.append(f"<p>rows that differ only in tie order (accepted):</p><pre>{escape(case['tie_example'])}</pre>")
             if case.get("expectation"):
                 out.append(f"<p>{escape(case['expectation'])}</p>")
             if case.get("outputs"):

@@ -26,6 +26,12 @@ def render_table(doc: dict, failures: int = 5) -> str:
             lines.append(f"  {case['status'].upper()} {case['id']}")
             lines += [f"      {line}" for line in first]
             lines.append(f"      re-run: {case.get('repro', '')}")
+    tied = [c for c in doc["cases"] if c.get("tie_rows")]
+    if tied:
+        lines.append("")
+        lines.append(f"{sum(c['tie_rows'] for c in tied)} row(s) in {len(tied)} case(s) differ only in tie order; e.g. {tied[0]['id']}:")
+        example = (tied[0].get("tie_example") or tied[0].get("message") or "").strip().splitlines()
+        lines += [f"      {line}" for line in example[:6]]
     for problem in doc.get("problems", []):
         lines.append(f"PROBLEM: {problem}")
     for stale in doc.get("stale_expectations", []):
