@@ -27,6 +27,7 @@ from .golden import (
     SCHEMA_VERSION, Golden, decode, discover, encode, golden_path, load_verified, manifest_entry,
     read_manifest, write_atomic, write_manifest,
 )
+from . import regenerated
 from .registry import Component, get
 
 SCALE = 1.0 + 2.0 ** -6
@@ -59,6 +60,11 @@ def build_golden(spec: CaseSpec, config: Config) -> Golden:
     frozen = {k: v.clone() for k, v in inputs.items()}
     outputs = component.execute(component.reference, inputs, dict(spec.params))
     aux = component.aux(frozen, dict(spec.params), outputs) if component.aux else {}
+    regenerate = list(spec.build.get("regenerate") or [])
+    unknown = [n for n in regenerate if n not in frozen]
+    if unknown:
+        raise GenerationError(f"{spec.id}: build.regenerate names {unknown}, not inputs of {spec.component} "
+                              f"({sorted(frozen)})")
     # One entry per declared output: step outputs `sNN.rows` share the policy of `rows`.
     declared = sorted({component.output_spec(name).name for name in outputs})
     policies = {name: config.policy(component, name).to_json() for name in declared}
@@ -77,7 +83,11 @@ def build_golden(spec: CaseSpec, config: Config) -> Golden:
     }
     if component.notes:
         meta["notes"] = component.notes
-    return Golden(frozen, outputs, aux, meta)
+    if regenerate:
+        meta["regenerated_inputs"] = {n: regenerated.describe(frozen[n]) for n in sorted(regenerate)}
+    golden = Golden({k: v for k, v in frozen.items() if k not in regenerate}, outputs, aux, meta)
+    golden.extra["all_inputs"] = frozen
+    return golden
 
 
 def _describe(t: torch.Tensor) -> dict:
@@ -106,7 +116,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def _wrong_answers(name: str, expected: torch.Tensor, golden: Golden, neighbour: Golden | None):
     yield "all zeros", torch.zeros_like(expected)
-    for in_name, tensor in sorted(golden.inputs.items()):
+    for in_name, tensor in sorted((golden.extra.get("all_inputs") or golden.inputs).items()):
         if tensor.shape == expected.shape and tensor.dtype == expected.dtype:
             yield f"the input '{in_name}' copied", tensor
             break
@@ -233,6 +243,7 @@ def verify(config: Config) -> dict[str, str]:
         try:
             golden = load_verified(config.goldens, case_id, manifest)
             component = get(golden.meta["component"])
+            regenerated.restore(golden, component)
             names = set(component.output_names(golden.meta["params"]))
             if component.expected_outputs is None and names != set(golden.outputs):
                 raise GoldenError(f"{golden.path}: outputs {sorted(golden.outputs)} but {component.name} declares {sorted(names)}")

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from . import regenerated
 from .compare import compare_output
 from .config import Config
 from .errors import GoldenError, HarnessError
@@ -84,6 +85,7 @@ def _run(case_id: str, config: Config, impl, manifest: dict, impl_conf: dict, re
         raise GoldenError(f"{case_id}: component {result.component!r} is not known to this harness version")
     component = registry[result.component]
     golden = load_verified(config.goldens, case_id, manifest)
+    regenerated.restore(golden, component)
     result.golden_sha256 = golden.sha256
     try:
         supported = bool(impl.supports(component.name))

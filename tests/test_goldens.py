@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
-from conftest import make_project, results, run_cli, statuses
+from conftest import ROOT, make_project, results, run_cli, statuses
 
 
 def test_generate_check_matches_frozen_goldens():
@@ -106,3 +107,23 @@ def test_goldens_do_not_depend_on_the_cpu_instruction_set(monkeypatch):
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
     proc = run_cli("generate", "--check")
     assert proc.returncode == 0 and "0 drifted" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_regenerated_inputs_are_rebuilt_from_the_seed_and_checked():
+    from harness.config import load_config
+    from harness.errors import GoldenError
+    from harness.golden import load_verified, read_manifest
+    from harness.regenerated import restore
+    from harness.registry import get
+
+    config = load_config(ROOT / "conformance.yaml")
+    manifest = read_manifest(config.goldens)
+    case_id = "compressor/r2-production-chunks-3-4"
+    golden = load_verified(config.goldens, case_id, manifest)
+    assert "wkv" not in golden.inputs and golden.path.stat().st_size < 200_000  # 10.5 MB not stored
+    restore(golden, get("compressor"))
+    assert golden.inputs["wkv"].shape == (512, 5120) and golden.inputs["wgate"].shape == (512, 5120)
+    tampered = load_verified(config.goldens, case_id, manifest)
+    tampered.meta["regenerated_inputs"]["wkv"]["sha256"] = "0" * 64
+    with pytest.raises(GoldenError, match="input 'wkv' rebuilt from the case seed"):
+        restore(tampered, get("compressor"))
