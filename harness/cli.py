@@ -119,6 +119,9 @@ def generate(select, check, config_path):
         report = run_generate(config, parse_select(select), check=check, progress=print_progress())
     except HarnessError as exc:
         _fail_usage(exc)
+    if select and not (report.written or report.unchanged or report.drift or report.errors):
+        click.echo(f"error: no case matches --select {','.join(select)!r}; `conformance list` shows the case ids", err=True)
+        sys.exit(1)
     for case_id, problem in report.errors.items():
         click.echo(f"ERROR {case_id}: {problem}", err=True)
     for case_id, drift in report.drift.items():

@@ -127,3 +127,8 @@ def test_regenerated_inputs_are_rebuilt_from_the_seed_and_checked():
     tampered.meta["regenerated_inputs"]["wkv"]["sha256"] = "0" * 64
     with pytest.raises(GoldenError, match="input 'wkv' rebuilt from the case seed"):
         restore(tampered, get("compressor"))
+
+
+def test_generate_with_a_selection_that_matches_nothing_fails():
+    proc = run_cli("generate", "--check", "--select", "no.such.component*")
+    assert proc.returncode == 1 and "no case matches" in proc.stderr
