@@ -84,6 +84,10 @@ def _load_target(target: str, root: Path):
             path = (Path.cwd() / path) if (Path.cwd() / path).exists() else root / path
         if not path.exists():
             raise UsageError(f"--impl {target!r}: file {module_part} not found")
+        # As for a script, the file's folder is importable, so the file can import its siblings.
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
         name = f"conformance_impl_{abs(hash(str(path.resolve())))}"
         module_spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(module_spec)

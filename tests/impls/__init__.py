@@ -1,0 +1,1 @@
+"""Deliberately wrong (and deliberately different but correct) implementations for the tests."""

@@ -12,6 +12,7 @@ import torch
 
 from harness.adapters.reference import ReferenceAdapter
 from harness.reference import numerics as nx
+from patching import patched
 
 GRID = torch.tensor(nx.E2M1_GRID, dtype=torch.float32)
 
@@ -32,12 +33,8 @@ class TiesAwayE2M1(ReferenceAdapter):
     def run(self, component, inputs, params):
         if component not in ("quant.e2m1", "quant.fp4_e4m3", "quant.fp4_e8m0"):
             return super().run(component, inputs, params)
-        original = nx.e2m1_round
-        try:
-            nx.e2m1_round = e2m1_ties_away
+        with patched(nx, "e2m1_round", e2m1_ties_away):
             return super().run(component, inputs, params)
-        finally:
-            nx.e2m1_round = original
 
 
 class Float64Tolerant(ReferenceAdapter):

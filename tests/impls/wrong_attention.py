@@ -7,23 +7,13 @@ swapped only for the duration of one call (the runner calls one case at a time).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 
 import torch
 
 import harness.reference.attention as ref_attention
 import harness.reference.sparse_attn as ref_sparse
 from harness.adapters.reference import ReferenceAdapter
-
-
-@contextmanager
-def swapped(module, name: str, value):
-    original = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
+from patching import patched
 
 
 class PlainSoftmax(ReferenceAdapter):
@@ -34,7 +24,7 @@ class PlainSoftmax(ReferenceAdapter):
             return {"o": ref_sparse.sparse_attn_plain(inputs["q"], inputs["kv"], inputs["attn_sink"],
                                                       inputs["topk_idxs"], float(params["softmax_scale"]))}
         if component == "attention":
-            with swapped(ref_attention, "sparse_attn", ref_sparse.sparse_attn_plain):
+            with patched(ref_attention, "sparse_attn", ref_sparse.sparse_attn_plain):
                 return super().run(component, inputs, params)
         return super().run(component, inputs, params)
 
@@ -55,7 +45,7 @@ class NaNOnAbsentRows(ReferenceAdapter):
 
     def run(self, component, inputs, params):
         if component == "sparse_attn":
-            with swapped(ref_sparse, "M_INIT", float("-inf")):
+            with patched(ref_sparse, "M_INIT", float("-inf")):
                 return super().run(component, inputs, params)
         return super().run(component, inputs, params)
 
@@ -72,7 +62,7 @@ class WrongOffset(ReferenceAdapter):
         def shifted(x, qr, keys, start, ratio, weights, table, rope_dim, topk, offset, candidates=None):
             return original(x, qr, keys, start, ratio, weights, table, rope_dim, topk, x.shape[1], candidates)
 
-        with swapped(ref_attention, "indexer_forward", shifted):
+        with patched(ref_attention, "indexer_forward", shifted):
             return super().run(component, inputs, params)
 
 
@@ -97,7 +87,7 @@ class NoInverseRope(ReferenceAdapter):
         def rotary(x, table, rope_dim, inverse=False):
             return x.clone() if inverse else original(x, table, rope_dim)
 
-        with swapped(ref_attention, "apply_rotary", rotary):
+        with patched(ref_attention, "apply_rotary", rotary):
             return super().run(component, inputs, params)
 
 

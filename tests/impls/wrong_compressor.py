@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from harness.adapters.reference import ReferenceAdapter
+from patching import patched
 from harness.reference import compressor as cp
 from harness.reference import kv_finish as kf
 from harness.reference.numerics import rms_norm
@@ -69,12 +70,8 @@ class ChannelSoftmax(ReferenceAdapter):
     def run(self, component, inputs, params):
         if component != "compressor":
             return super().run(component, inputs, params)
-        original = cp.pool_group
-        try:
-            cp.pool_group = _channel_softmax_pool
+        with patched(cp, "pool_group", _channel_softmax_pool):
             return super().run(component, inputs, params)
-        finally:
-            cp.pool_group = original
 
 
 def _ratio2_step(inputs, params, finish):

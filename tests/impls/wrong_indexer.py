@@ -7,26 +7,16 @@ affected cases fail, with messages that name the query row and the differing ids
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 
 import torch
 
 from harness.adapters.reference import ReferenceAdapter
+from patching import patched
 from harness.reference import address as ad
 from harness.reference import candidates as cd
 from harness.reference import indexer as ix
 
 NINF = float("-inf")
-
-
-@contextmanager
-def patched(module, name: str, replacement):
-    original = getattr(module, name)
-    setattr(module, name, replacement)
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
 
 
 def lowest_index_topk(values, k, dim=-1, largest=True, sorted=True):
