@@ -227,13 +227,17 @@ def _select_aux(inputs, params, outputs):
 IDS_DOC = ("int32 [b, S, min(index_topk, T)]: selected rows ascending + offset, then -1 "
            "(judged as a set against aux.masked_scores; docs/index-verdicts.md)")
 
+# Both selecting components judge ids the same way: as a set against the masked scores, with the
+# per-query id limit, -1 lanes standing for worst-score picks (docs/index-verdicts.md).
+IDS_SPEC = OutputSpec("ids", "index", IDS_DOC, scores="masked_scores", order="set", offset_param="offset",
+                      limit="id_limit", fill_is_worst=True)
+
 register(Component(
     name="indexer.select",
     summary="valid prefix (start+t+1)//ratio, candidate mask, torch CPU top-k, ascending ids + offset, -1 tail",
     upstream="M:563-580",
     inputs=("scores", "candidates"),
-    outputs=(OutputSpec("ids", "index", IDS_DOC, scores="masked_scores", order="set", offset_param="offset",
-                   limit="id_limit", fill_is_worst=True),),
+    outputs=(IDS_SPEC,),
     build=_select_inputs,
     reference=select_reference,
     aux=_select_aux,
@@ -301,8 +305,7 @@ register(Component(
     upstream="M:550-580",
     inputs=("x", "qr", "index_k_cache", "wq_b", "weights_proj", "freqs", "candidates"),
     outputs=(
-        OutputSpec("ids", "index", IDS_DOC, scores="masked_scores", order="set", offset_param="offset",
-                   limit="id_limit", fill_is_worst=True),
+        IDS_SPEC,
         OutputSpec("scores", "bf16", "bf16 [b, S, T], T = (start + S) // ratio: index scores before any mask"),
     ),
     build=_forward_inputs,
