@@ -2,9 +2,14 @@
 
 Attributes first (dtype, shape), then values. Exact outputs compare bits. Tolerance outputs
 check the masks of non-finite and sentinel positions, then an element-wise bound in units in
-the last place of the expected value, then a global relative L2 error. Index outputs compare
-exactly and, when they differ, ask the index verdict whether the difference is tie order only.
-Every verdict carries its metrics, so a passing case also shows how close it came (headroom).
+the last place of the expected value, then a global relative L2 error. Quantised outputs compare
+exactly and, when they differ, ask the boundary verdict whether each difference is a rounding
+boundary flip (harness/boundary.py). Index outputs compare exactly and, when they differ, ask the
+index verdict whether the difference is tie order, a near tie or a miss. Every verdict carries
+its metrics, so a passing case also shows how close it came (headroom) and what it accepted.
+
+`context` holds what the golden offers the comparator: inputs as `in.<name>`, the reference's
+outputs as `out.<name>`, and the aux tensors under their own names.
 """
 
 from __future__ import annotations
@@ -15,10 +20,13 @@ from typing import Any
 import torch
 
 from .policy import Policy
+from .ulps import MANTISSA_BITS, ulp_of
 
-MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23, torch.float64: 52}
-MIN_EXPONENT = {torch.bfloat16: -126, torch.float16: -14, torch.float32: -126, torch.float64: -1022}
 TABLE_ROWS = 8
+# Differences a verdict may accept, each counted per output: metric key -> what it counts.
+ACCEPTED_METRICS = {"rows_tie": "rows that differ only in tie order",
+                    "rows_near_tie": "rows that differ only among near-tied ids",
+                    "boundary_flips": "elements one step across a rounding boundary"}
 
 
 @dataclass
@@ -27,7 +35,6 @@ class OutputVerdict:
     ok: bool
     message: str = ""
     metrics: dict[str, Any] = field(default_factory=dict)
-    tie_only: bool = False  # differs only in tie order (index outputs)
 
 
 def compare_output(
@@ -35,7 +42,7 @@ def compare_output(
     expected: torch.Tensor,
     actual: Any,
     policy: Policy,
-    aux: dict[str, torch.Tensor] | None = None,
+    context: dict[str, torch.Tensor] | None = None,
     params: dict[str, Any] | None = None,
 ) -> OutputVerdict:
     """Judge one output tensor. Never raises on bad `actual`; reports it instead."""
@@ -44,6 +51,8 @@ def compare_output(
         return OutputVerdict(name, False, f"output '{name}': {problem}")
     if policy.kind == "exact":
         return _compare_exact(name, expected, actual)
+    if policy.kind == "quantised":
+        return _compare_quantised(name, expected, actual, policy, context or {}, params or {})
     if policy.tolerant and torch.equal(_bits(expected), _bits(actual)):
         # bit-identical: every bound holds with zero error; skip the element-wise work
         zero = {"numel": expected.numel(), "mismatched": 0, "max_abs_err": 0.0, "max_ulps": 0.0, "rel_l2": 0.0,
@@ -51,8 +60,8 @@ def compare_output(
                 "ulps_headroom": 0.0 if policy.ulps else None, "rel_l2_headroom": 0.0 if policy.rel_l2 else None}
         return OutputVerdict(name, True, metrics=zero)
     if policy.kind == "index":
-        return _compare_index(name, expected, actual, policy, aux or {}, params or {})
-    return _compare_tolerant(name, expected, actual, policy)
+        return _compare_index(name, expected, actual, policy, context or {}, params or {})
+    return _compare_tolerant(name, expected, actual, policy, context or {})
 
 
 def _attribute_problem(expected: torch.Tensor, actual: Any) -> str:
@@ -114,15 +123,23 @@ def _fmt(value: torch.Tensor) -> str:
     return str(item)
 
 
-def ulp_of(expected: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Spacing of `dtype` at |expected| (float64), subnormal spacing near zero."""
-    e = expected.double().abs()
-    _, exp = torch.frexp(e)  # e = m * 2**exp with m in [0.5, 1)
-    floor_log2 = torch.where(e == 0, float(MIN_EXPONENT[dtype]), exp.double() - 1).clamp(min=MIN_EXPONENT[dtype])
-    return torch.pow(2.0, floor_log2 - MANTISSA_BITS[dtype])
+def _argument_allowance(expected: torch.Tensor, policy: Policy, context: dict[str, torch.Tensor]) -> torch.Tensor | float:
+    """`argument_ulps` fp32 ulps of the argument of a transcendental output (|f'| <= 1 for cos and
+    sin), broadcast over the output's trailing dims; 0 without an argument."""
+    if not (policy.argument and policy.argument_ulps):
+        return 0.0
+    argument = context.get(policy.argument)
+    if argument is None:
+        raise KeyError(f"the golden lacks aux tensor {policy.argument!r} (the argument of this output); "
+                       "regenerate it with `conformance generate`")
+    allowance = policy.argument_ulps * ulp_of(argument, torch.float32)
+    while allowance.dim() < expected.dim():
+        allowance = allowance.unsqueeze(-1)
+    return allowance
 
 
-def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, policy: Policy) -> OutputVerdict:
+def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, policy: Policy,
+                      context: dict[str, torch.Tensor]) -> OutputVerdict:
     fmt = torch.bfloat16 if policy.kind == "bf16" else expected.dtype
     if fmt not in MANTISSA_BITS:
         fmt = torch.float32
@@ -151,7 +168,7 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     ulp = ulp_of(e, fmt)
     ulps = torch.where(finite, diff / ulp, torch.zeros_like(e))
     scale = float(torch.where(finite, e.abs(), torch.zeros_like(e)).max()) if e.numel() else 0.0
-    bound = policy.ulps * ulp + policy.atol + policy.atol_rel * scale
+    bound = policy.ulps * ulp + policy.atol + policy.atol_rel * scale + _argument_allowance(expected, policy, context)
     over = finite & (diff > bound)
     over_count = int(over.sum())
     ef = torch.where(finite, e, torch.zeros_like(e))
@@ -160,7 +177,7 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     rel_l2 = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
     max_ulps = float(ulps.max()) if ulps.numel() else 0.0
     counted = int(finite.sum())
-    diff_fraction = float((diff > 0).sum()) / counted if counted else 0.0
+    diff_fraction = float((diff > 0).sum() + mask_failures) / max(counted + mask_failures, 1)
     max_abs = float(diff.max()) if diff.numel() else 0.0
     metrics = {
         "numel": expected.numel(),
@@ -212,7 +229,7 @@ def _compare_index(
     expected: torch.Tensor,
     actual: torch.Tensor,
     policy: Policy,
-    aux: dict[str, torch.Tensor],
+    context: dict[str, torch.Tensor],
     params: dict[str, Any],
 ) -> OutputVerdict:
     from .index_verdict import classify_index_rows
@@ -220,33 +237,87 @@ def _compare_index(
     if torch.equal(expected, actual):
         # identical to the reference, whose ids passed the invariants when it was generated
         rows = expected.reshape(-1, expected.shape[-1]).shape[0] if expected.dim() else 1
-        return OutputVerdict(name, True, metrics={"rows": rows, "rows_exact": rows, "rows_tie": 0, "rows_miss": 0})
-    if policy.scores is None or policy.scores not in aux:
+        return OutputVerdict(name, True, metrics={"rows": rows, "rows_exact": rows, "rows_tie": 0,
+                                                  "rows_near_tie": 0, "rows_miss": 0})
+    if policy.scores is None or policy.scores not in context:
         verdict = _compare_exact(name, expected, actual)
         verdict.metrics["rows_exact"] = None
         return verdict
     offset = int(params.get(policy.offset_param, 0)) if policy.offset_param else 0
-    scores = aux[policy.scores]
+    scores = context[policy.scores]
     if scores.dtype in (torch.bfloat16, torch.float16):
         scores = scores.float()  # exact widening, as torch's CPU top-k compares them
+    order = policy.order
+    if order == "sequence" and params.get("sorted") is False:
+        order = "unordered"  # an unsorted top-k's order is the algorithm's: ties are judged as sets
     result = classify_index_rows(
         expected, actual, scores, offset=offset, largest=bool(params.get("largest", policy.largest)),
-        order=policy.order, id_limit=aux.get(policy.limit) if policy.limit else None,
-        fill_is_worst=policy.fill_is_worst
+        order=order, id_limit=context.get(policy.limit) if policy.limit else None,
+        fill_is_worst=policy.fill_is_worst, near_ulps=policy.near_tie_ulps,
     )
-    metrics = {"rows": result.rows, "rows_exact": result.exact, "rows_tie": result.tie, "rows_miss": result.miss}
+    metrics = {"rows": result.rows, "rows_exact": result.exact, "rows_tie": result.tie,
+               "rows_near_tie": result.near, "rows_miss": result.miss}
     unordered = _unordered_rows(expected, actual) if policy.order == "set" else 0
     if unordered:
         metrics["rows_unordered"] = unordered
         return OutputVerdict(name, False, f"output '{name}': {unordered} row(s) are not in ascending order with the "
                              "-1 lanes last, as the reference orders them (ids sorted ascending, then -1 fill)\n  "
                              + result.describe().replace("\n", "\n  "), metrics)
-    if result.tie == 0 and result.miss == 0:
+    if result.all_exact:
         return OutputVerdict(name, True, metrics=metrics)
-    lines = [f"output '{name}': ids differ in {result.tie + result.miss} of {result.rows} row(s): "
-             f"{result.tie} tie order only, {result.miss} miss"]
+    near = f", {result.near} near tie" if policy.near_tie_ulps else ""
+    lines = [f"output '{name}': ids differ in {result.rows - result.exact} of {result.rows} row(s): "
+             f"{result.tie} tie order only{near}, {result.miss} miss"]
     lines += ["  " + line for line in result.describe().splitlines()]
-    ok = result.miss == 0 and policy.accept_ties
+    accepted = [label for count, flag, label in ((result.tie, policy.accept_ties or policy.accept_near_ties, "tie order"),
+                                                 (result.near, policy.accept_near_ties, "near ties")) if count and flag]
+    refused = (result.tie and not (policy.accept_ties or policy.accept_near_ties)) or \
+        (result.near and not policy.accept_near_ties)
+    ok = result.miss == 0 and not refused
     if ok:
-        lines[0] += " (tie order accepted by policy)"
-    return OutputVerdict(name, ok, "\n".join(lines), metrics, tie_only=result.miss == 0)
+        lines[0] += f" ({' and '.join(accepted)} accepted by policy)"
+    return OutputVerdict(name, ok, "\n".join(lines), metrics)
+
+
+def _param(params: dict[str, Any], path: str) -> Any:
+    """A params value by dotted path (`config.rope_head_dim`)."""
+    value: Any = params
+    for key in path.split("."):
+        value = value[key]
+    return value
+
+
+def _compare_quantised(
+    name: str,
+    expected: torch.Tensor,
+    actual: torch.Tensor,
+    policy: Policy,
+    context: dict[str, torch.Tensor],
+    params: dict[str, Any],
+) -> OutputVerdict:
+    from .boundary import FORMATS, classify_quantised, pre_tolerance
+
+    exact = _compare_exact(name, expected, actual)
+    if exact.ok:
+        exact.metrics.update(boundary_flips=0, scale_flips=0)
+        return exact
+    pre = context.get(policy.pre)
+    if pre is None:
+        raise KeyError(f"the golden lacks {policy.pre!r} (the values before quantisation); regenerate it with "
+                       "`conformance generate`")
+    tail = int(_param(params, policy.pre_tail)) if policy.pre_tail else 0
+    tol = pre_tolerance(pre, policy.boundary_ulps, tail)
+    verdict = classify_quantised(expected, actual, pre, tol, FORMATS[policy.quant], policy.encoding)
+    metrics = {"numel": verdict.numel, "mismatched": verdict.mismatched, "boundary_flips": verdict.flips,
+               "scale_flips": verdict.scale_flips}
+    refused = verdict.flips and not policy.accept_boundary
+    ok = verdict.mismatched == 0 and not refused
+    head = f"output '{name}': {verdict.differ} of {verdict.numel} element(s) differ"
+    if verdict.mismatched:
+        head += f"; {verdict.mismatched} not explained by a rounding boundary ({policy.describe()})"
+    elif refused:
+        head += " only at rounding boundaries (not accepted: strict_boundaries)"
+    else:
+        head += " only at rounding boundaries (accepted by policy)"
+    lines = [head] + ["  " + line for line in verdict.describe().splitlines()]
+    return OutputVerdict(name, ok, "\n".join(lines), metrics)

@@ -8,19 +8,27 @@ that says what to fix. Tolerances resolve in this order (later wins): the regist
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from .errors import UsageError
-from .policy import Policy
+from .policy import FLOAT_KINDS, Policy
 from .registry import Component
+
+DTYPE_KINDS = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 CONFIG_NAME = "conformance.yaml"
 TOP_KEYS = {"version", "goldens", "cases", "timeout", "tolerances", "floors", "impls"}
-IMPL_KEYS = {"python", "command", "batch", "kind", "device", "accept_ties", "expectations", "tolerances", "note", "options"}
+# Per-implementation verdict flags: which accepted differences it opts into (docs/verdicts.md).
+IMPL_FLAGS = {"accept_ties": ("index", "accept_ties", True),
+              "accept_near_ties": ("index", "accept_near_ties", True),
+              "strict_boundaries": ("quantised", "accept_boundary", False)}
+IMPL_KEYS = {"python", "command", "batch", "kind", "device", "expectations", "tolerances", "note",
+             "options", *IMPL_FLAGS}
 
 
 @dataclass
@@ -36,10 +44,18 @@ class Config:
     path: Path | None = None
     _policies: dict = field(default_factory=dict, repr=False)
 
-    def policy(self, component: Component, output: str, impl: dict[str, Any] | None = None) -> Policy:
-        """The resolved policy of one output (step outputs `sNN.x` resolve like `x`); cached."""
+    def policy(self, component: Component, output: str, impl: dict[str, Any] | None = None,
+               dtype: torch.dtype | None = None) -> Policy:
+        """The resolved policy of one output (step outputs `sNN.x` resolve like `x`); cached.
+
+        `dtype`, the output's dtype, picks the tolerance kind of a float output: an fp32 output
+        is judged by the f32 policy even where the component declares bf16 (and vice versa).
+        """
         spec = component.output_spec(output)
-        own = (bool(impl.get("accept_ties")), repr((impl.get("tolerances") or {}).get(component.name))) if impl else None
+        if spec.kind in FLOAT_KINDS and dtype in DTYPE_KINDS:
+            spec = replace(spec, kind=DTYPE_KINDS[dtype])
+        own = (tuple(bool(impl.get(flag)) for flag in IMPL_FLAGS),
+               repr((impl.get("tolerances") or {}).get(component.name))) if impl else None
         key = (component.name, spec, own)
         cached = self._policies.get(key)
         if cached is None:
@@ -58,8 +74,9 @@ class Config:
         if isinstance(nested, dict):
             policy = policy.with_overrides(nested, f"{where}: tolerances.components.{component.name}.{spec.name}")
         if impl:
-            if impl.get("accept_ties") and policy.kind == "index":
-                policy = policy.with_overrides({"accept_ties": True}, f"{where}: impls accept_ties")
+            for flag, (kind, field_name, value) in IMPL_FLAGS.items():
+                if impl.get(flag) and policy.kind == kind:
+                    policy = policy.with_overrides({field_name: value}, f"{where}: impls {flag}")
             own = ((impl.get("tolerances") or {}).get(component.name) or {})
             own_flat = {k: v for k, v in own.items() if not isinstance(v, dict)}
             policy = policy.with_overrides(own_flat, f"{where}: impl tolerances.{component.name}")
@@ -81,7 +98,9 @@ class Config:
                 raise UsageError(f"{self.path}: floors.{name}: no such component")
         for component in registry.values():
             for output in component.outputs:
-                self.policy(component, output.name)
+                dtypes = DTYPE_KINDS if output.kind in FLOAT_KINDS else (None,)
+                for dtype in dtypes:
+                    self.policy(component, output.name, dtype=dtype)
 
     def floor(self, component: Component) -> int:
         if component.name in self.floors:
@@ -140,6 +159,9 @@ def load_config(path: Path | None = None) -> Config:
         bad = set(impl) - IMPL_KEYS
         if bad:
             raise UsageError(f"{path}: impls.{name}: unknown key(s) {sorted(bad)}; allowed: {sorted(IMPL_KEYS)}")
+        for flag in IMPL_FLAGS:
+            if flag in impl and not isinstance(impl[flag], bool):
+                raise UsageError(f"{path}: impls.{name}.{flag} must be true or false, not {impl[flag]!r}")
     for section in ("defaults", "components"):
         value = config.tolerances.get(section, {})
         if value is not None and not isinstance(value, dict):

@@ -29,6 +29,7 @@ from .golden import (
 )
 from . import regenerated
 from .registry import Component, get
+from .runner import golden_context
 
 SCALE = 1.0 + 2.0 ** -6
 
@@ -66,8 +67,8 @@ def build_golden(spec: CaseSpec, config: Config) -> Golden:
         raise GenerationError(f"{spec.id}: build.regenerate names {unknown}, not inputs of {spec.component} "
                               f"({sorted(frozen)})")
     # One entry per declared output: step outputs `sNN.rows` share the policy of `rows`.
-    declared = sorted({component.output_spec(name).name for name in outputs})
-    policies = {name: config.policy(component, name).to_json() for name in declared}
+    declared = {component.output_spec(name).name: tensor.dtype for name, tensor in sorted(outputs.items())}
+    policies = {name: config.policy(component, name, dtype=dtype).to_json() for name, dtype in sorted(declared.items())}
     meta = {
         "schema": SCHEMA_VERSION,
         "case_id": spec.id,
@@ -98,13 +99,13 @@ def discrimination_problems(component: Component, golden: Golden, neighbour: Gol
     """Trivial wrong answers that a tolerance policy would accept (must be empty)."""
     problems = []
     params = golden.meta["params"]
+    context = golden_context(golden)
     for name, expected in sorted(golden.outputs.items()):
-        policy = config.policy(component, name)
+        policy = config.policy(component, name, dtype=expected.dtype)
         for label, wrong in _wrong_answers(name, expected, golden, neighbour):
             if wrong.dtype != expected.dtype or wrong.shape != expected.shape or torch.equal(_bits(wrong), _bits(expected)):
                 continue
-            verdict = compare_output(name, expected, wrong, policy,
-                                     {**{f"in.{k}": v for k, v in golden.inputs.items()}, **golden.aux}, params)
+            verdict = compare_output(name, expected, wrong, policy, context, params)
             if verdict.ok:
                 problems.append(f"output '{name}' accepts {label} under {policy.describe()}")
     return problems

@@ -6,16 +6,24 @@ row of selected ids that differs from the reference is therefore judged against 
 scores the selection was made from:
 
 * ``exact``: the row is identical (``order="set"``: identical after sorting each row, so a
-  permutation of the same ids is exact; ``order="sequence"``: identical position by position).
+  permutation of the same ids is exact; ``order="sequence"`` and ``"unordered"``: identical
+  position by position).
 * ``tie``: the rows differ only among elements tied with the k-th reference score: the ids
   whose score is not equivalent to that score are the same set on both sides, both sides hold
   equally many tied ids, and for ``order="sequence"`` the reference scores at the two rows are
-  also equal position by position. Equivalence is the top-k comparator's: all NaN are one
+  also equal position by position. ``order="unordered"`` (a top-k with ``sorted=False``, whose
+  order is the algorithm's) judges ties as sets: a row that only permutes its ids, or picks
+  other tied ids and arranges everything differently, is tie order. Equivalence is the top-k comparator's: all NaN are one
   value, -0 == +0. The k-th reference score is the worst score (NaN best when ``largest``,
   worst otherwise) among the reference row's valid ids. This implies equal multisets of
   reference scores and, for two true top-k selections, is the same thing; it is stricter
   only when the reference is not a top-k of the scores (ids swapped at a better tied value
   are then a miss).
+* ``near``: with ``near_ulps`` > 0, not tie order, but the same with "tied" widened to "within
+  ``near_ulps`` bf16 ulps of the k-th score": the ids whose reference scores lie outside that
+  band are the same on both sides and both hold equally many inside it. An implementation whose
+  scores are within their own tolerance of the reference's can pick such ids
+  (docs/index-verdicts.md, "Near ties").
 * ``miss``: anything else, including every row with an invariant violation, reported
   separately: an id out of range (``id - offset`` outside ``[0, N)``, ``id >= id_limit``, or
   below -1), a duplicate id, -1 where the reference has a valid id, or a valid id where the
@@ -34,6 +42,8 @@ from typing import Literal
 import numpy as np
 import torch
 
+from .ulps import ulp_of
+
 __all__ = ["IndexVerdict", "RowExample", "VIOLATION_KINDS", "classify_index_rows"]
 
 VIOLATION_KINDS: dict[str, str] = {
@@ -44,6 +54,9 @@ VIOLATION_KINDS: dict[str, str] = {
 }
 _MAX_MESSAGES = 20
 _BIG = torch.iinfo(torch.int64).max
+
+
+ORDERS = ("sequence", "set", "unordered")
 
 
 @dataclass(frozen=True)
@@ -60,11 +73,13 @@ class RowExample:
     tied_selected: int  # of those, how many the reference selected
     tied_selected_actual: int  # and how many the actual row selected
     violations: list[str] = field(default_factory=list)
+    band: float = 0.0  # near ties: half-width of the band around the k-th score
 
     def describe(self) -> str:
+        within = f"lie within {self.band:.3g} of it" if self.band else "tie with it"
         lines = [
             f"row {self.row}: k-th reference score {self.kth_score!r}; "
-            f"{self.tied_total} entries tie with it, reference selected {self.tied_selected}, "
+            f"{self.tied_total} entries {within}, reference selected {self.tied_selected}, "
             f"actual selected {self.tied_selected_actual}",
             f"  expected ids: {_clip(self.expected)}",
             f"  actual ids:   {_clip(self.actual)}",
@@ -90,20 +105,26 @@ class IndexVerdict:
     violation_messages: tuple[str, ...]  # the first few, each naming row and kind
     first_tie: RowExample | None
     first_miss: RowExample | None
+    near: int = 0
+    near_rows: tuple[int, ...] = ()
+    first_near: RowExample | None = None
 
     @property
     def non_exact_rows(self) -> tuple[int, ...]:
-        return tuple(sorted(self.tie_rows + self.miss_rows))
+        return tuple(sorted(self.tie_rows + self.near_rows + self.miss_rows))
 
     @property
     def all_exact(self) -> bool:
         return self.exact == self.rows
 
     def describe(self) -> str:
-        head = f"{self.rows} rows: {self.exact} exact, {self.tie} tie order, {self.miss} miss"
+        near = f", {self.near} near tie" if self.near else ""
+        head = f"{self.rows} rows: {self.exact} exact, {self.tie} tie order{near}, {self.miss} miss"
         parts = [head]
         if self.tie_rows:
             parts.append(f"tie-order rows (flat index): {_clip(list(self.tie_rows), 16)}")
+        if self.near_rows:
+            parts.append(f"near-tie rows (flat index): {_clip(list(self.near_rows), 16)}")
         if self.miss_rows:
             parts.append(f"miss rows (flat index): {_clip(list(self.miss_rows), 16)}")
         bad = {k: v for k, v in self.violations.items() if v}
@@ -112,6 +133,8 @@ class IndexVerdict:
             parts += [f"  {m}" for m in self.violation_messages]
         if self.first_tie is not None:
             parts += ["first tie-order row:", self.first_tie.describe()]
+        if self.first_near is not None:
+            parts += ["first near-tie row:", self.first_near.describe()]
         if self.first_miss is not None:
             parts += ["first miss row:", self.first_miss.describe()]
         return "\n".join(parts)
@@ -141,8 +164,8 @@ def _kth(se: torch.Tensor, valid: torch.Tensor, largest: bool) -> torch.Tensor:
 
 
 def _check_inputs(expected: torch.Tensor, actual: torch.Tensor, scores: torch.Tensor, order: str) -> None:
-    if order not in ("sequence", "set"):
-        raise ValueError(f"order must be 'sequence' or 'set', got {order!r}")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     for name, t in (("expected", expected), ("actual", actual)):
         if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
             raise TypeError(f"{name} ids must be an integer tensor, got {t.dtype}")
@@ -196,11 +219,12 @@ def classify_index_rows(
     *,
     offset: int = 0,
     largest: bool = True,
-    order: Literal["sequence", "set"] = "sequence",
+    order: Literal["sequence", "set", "unordered"] = "sequence",
     id_limit: int | torch.Tensor | None = None,
     fill_is_worst: bool = False,
+    near_ulps: float = 0.0,
 ) -> IndexVerdict:
-    """Classify each row of ``actual`` ids against ``expected`` as exact, tie or miss.
+    """Classify each row of ``actual`` ids against ``expected`` as exact, tie, near tie or miss.
 
     expected, actual: int [..., K] selected ids (-1 = none); scores: float [..., N] reference
     scores the selection was made from, score position = id - offset. Raises ValueError when
@@ -213,6 +237,7 @@ def classify_index_rows(
     possible score (unreachable entries that top-k had to take): in rows whose k-th reference
     score is that worst value (-inf when largest), a -1 lane is tied with the k-th score, so
     trading a -1 for another worst-score id (or back) is tie order, not a miss.
+    near_ulps: the near-tie band, in bf16 ulps of the k-th reference score (0: no near ties).
 
     >>> s = torch.tensor([[1.0, 1.0, 0.0]])
     >>> classify_index_rows(torch.tensor([[0]]), torch.tensor([[1]]), s).tie
@@ -229,6 +254,8 @@ def classify_index_rows(
     if order == "set":
         e, a = torch.sort(e, dim=1).values, torch.sort(a, dim=1).values
     rows = torch.nonzero(~(e == a).all(dim=1)).flatten()  # [R'] non-exact rows
+    if order == "unordered":  # exact position by position; ties judged on the sets
+        e, a = torch.sort(e, dim=1).values, torch.sort(a, dim=1).values
     kinds = dict.fromkeys(VIOLATION_KINDS, 0)
     if rows.numel() == 0:
         return IndexVerdict(lead, r, r, 0, 0, (), (), kinds, (), None, None)
@@ -247,7 +274,7 @@ def classify_index_rows(
         "out_of_range": oob.any(dim=1),
         "duplicate": ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] != -1)).any(dim=1),
     }
-    if order == "sequence":
+    if order == "sequence":  # "unordered" rows are sorted by now: counts decide, as for sets
         viol["missing_id"] = (e_ok & ~a_valid).any(dim=1)
         viol["unexpected_id"] = (a_valid & ~e_ok).any(dim=1)
     else:
@@ -272,17 +299,26 @@ def classify_index_rows(
         tied_e = e_ok & _eqv(se, kth[:, None])
         tied_a = a_ok & _eqv(sa, kth[:, None])
     broken = torch.stack(list(viol.values())).any(dim=0)  # [R']
-    core_e = torch.sort(torch.where(e_ok & ~tied_e, ev, _BIG), dim=1).values
-    core_a = torch.sort(torch.where(a_ok & ~tied_a, av, _BIG), dim=1).values
-    tie = ~broken & has_kth & (core_e == core_a).all(dim=1)
-    tie &= tied_e.sum(dim=1) == tied_a.sum(dim=1)
+    tie = ~broken & has_kth & _same_outside(ev, av, e_ok & ~tied_e, a_ok & ~tied_a, tied_e, tied_a)
     if order == "sequence":
         tie &= (_eqv(se, sa) | (~e_ok & ~a_valid)).all(dim=1)
+    band = torch.zeros_like(kth)
+    near = torch.zeros_like(tie)
+    if near_ulps > 0:
+        band = torch.where(torch.isfinite(kth), near_ulps * ulp_of(torch.nan_to_num(kth), torch.bfloat16), 0.0)
+        near_e = e_ok & ((se - kth[:, None]).abs() <= band[:, None])
+        near_a = a_ok & ((sa - kth[:, None]).abs() <= band[:, None])
+        near = ~tie & ~broken & has_kth & torch.isfinite(kth)
+        near &= _same_outside(ev, av, e_ok & ~near_e & ~tied_e, a_ok & ~near_a & ~tied_a,
+                              near_e | tied_e, near_a | tied_a)
+        if order == "sequence":
+            near &= ((se - sa).abs() <= 2 * band[:, None]).all(dim=1)
     lim_of = (lambda j: None) if limits is None else (lambda j: int(limits[rows_l[j]]))
 
-    rows_l, tie_l = rows.tolist(), tie.tolist()
+    rows_l, tie_l, near_l = rows.tolist(), tie.tolist(), near.tolist()
     tie_rows = tuple(r for r, t in zip(rows_l, tie_l) if t)
-    miss_rows = tuple(r for r, t in zip(rows_l, tie_l) if not t)
+    near_rows = tuple(r for r, n in zip(rows_l, near_l) if n)
+    miss_rows = tuple(r for r, t, n in zip(rows_l, tie_l, near_l) if not (t or n))
     messages: list[str] = []
     for kind, flags in viol.items():
         hit = torch.nonzero(flags).flatten().tolist()
@@ -290,14 +326,25 @@ def classify_index_rows(
         for j in hit[: _MAX_MESSAGES - len(messages)]:
             messages.append(f"row {_multi(rows_l[j], lead)}: {VIOLATION_KINDS[kind]} ({kind})")
 
-    def example(j: int) -> RowExample:
+    def example(j: int, within: float = 0.0) -> RowExample:
         return _example(j, rows_l[j], lead, expected, actual, sv[j, :n], offset, lim_of(j),
-                        kth[j] if bool(has_kth[j]) else None, viol)
+                        kth[j] if bool(has_kth[j]) else None, viol, within)
 
     first_tie = example(tie_l.index(True)) if tie_rows else None
-    first_miss = example(tie_l.index(False)) if miss_rows else None
+    first_near = example(near_l.index(True), float(band[near_l.index(True)])) if near_rows else None
+    first_miss = example(rows_l.index(miss_rows[0])) if miss_rows else None
     return IndexVerdict(lead, r, r - len(rows_l), len(tie_rows), len(miss_rows),
-                        tie_rows, miss_rows, kinds, tuple(messages), first_tie, first_miss)
+                        tie_rows, miss_rows, kinds, tuple(messages), first_tie, first_miss,
+                        len(near_rows), near_rows, first_near)
+
+
+def _same_outside(ev: torch.Tensor, av: torch.Tensor, outside_e: torch.Tensor, outside_a: torch.Tensor,
+                  inside_e: torch.Tensor, inside_a: torch.Tensor) -> torch.Tensor:
+    """[R'] rows whose ids outside the tied (or near-tied) set agree as sets, with equally many
+    ids inside it on both sides."""
+    core_e = torch.sort(torch.where(outside_e, ev, _BIG), dim=1).values
+    core_a = torch.sort(torch.where(outside_a, av, _BIG), dim=1).values
+    return (core_e == core_a).all(dim=1) & (inside_e.sum(dim=1) == inside_a.sum(dim=1))
 
 
 def _multi(flat: int, lead: tuple[int, ...]) -> tuple[int, ...]:
@@ -307,7 +354,7 @@ def _multi(flat: int, lead: tuple[int, ...]) -> tuple[int, ...]:
 def _example(
     j: int, flat: int, lead: tuple[int, ...], expected: torch.Tensor, actual: torch.Tensor,
     s_row: torch.Tensor, offset: int, id_limit: int | None, kth: torch.Tensor | None,
-    viol: dict[str, torch.Tensor],
+    viol: dict[str, torch.Tensor], band: float = 0.0,
 ) -> RowExample:
     """Spell out one row (original slot order, not the sorted form used for "set")."""
     k, n = expected.shape[-1], s_row.shape[0]
@@ -319,8 +366,11 @@ def _example(
         ok = i >= 0 and 0 <= i - offset < n and (id_limit is None or i < id_limit)
         return float(s_row[i - offset]) if ok else None
 
+    def close(values: torch.Tensor) -> torch.Tensor:
+        return _eqv(values, kth) | ((values - kth).abs() <= band)
+
     def tied(i: int) -> bool:
-        return kth is not None and score(i) is not None and bool(_eqv(s_row[i - offset], kth))
+        return kth is not None and score(i) is not None and bool(close(s_row[i - offset]))
 
     return RowExample(
         row=_multi(flat, lead),
@@ -329,8 +379,9 @@ def _example(
         only_expected=[(i, score(i)) for i in sorted(e_set - a_set)],
         only_actual=[(i, score(i)) for i in sorted(a_set - e_set)],
         kth_score=float(kth) if kth is not None else None,
-        tied_total=int(_eqv(s_row, kth).sum()) if kth is not None else 0,
+        tied_total=int(close(s_row).sum()) if kth is not None else 0,
         tied_selected=sum(map(tied, e_set)),
         tied_selected_actual=sum(map(tied, a_set)),
         violations=[f"{VIOLATION_KINDS[kd]} ({kd})" for kd, f in viol.items() if bool(f[j])],
+        band=band,
     )

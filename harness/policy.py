@@ -6,27 +6,37 @@ calibrated); the resolved policy is written into every golden's metadata and eve
 
 Kinds:
 - `exact`: same dtype and shape, bit-identical (floats compared by their bits, so -0 != +0 and
-  NaN payloads count). Quantiser codes and scales, counts, masks.
+  NaN payloads count). Counts, masks, codes of exact inputs.
 - `bf16` / `f32`: same dtype and shape; positions of NaN, +inf, -inf and of the `sentinels`
   values must match exactly; then every element within `ulps` units in the last place of the
-  expected value in that format, plus `atol`, plus `atol_rel` times the largest |expected|; then the global relative L2 error within
-  `rel_l2`; and at most `max_diff_fraction` of the elements may differ at all (a correct
-  implementation flips the last bit of a few elements; a moved rounding point flips many). All
-  must hold.
+  expected value in that format, plus `atol`, plus `atol_rel` times the largest |expected|, plus
+  (for transcendental outputs) `argument_ulps` fp32 ulps of the function's argument stored as
+  `aux.<argument>`; then the global relative L2 error within `rel_l2`; and at most
+  `max_diff_fraction` of the elements may differ at all. All must hold. The kind follows the
+  output's dtype: an fp32 output of a component declared `bf16` is judged as `f32`.
+- `quantised`: a quantiser's output (dequantised values, codes, packed codes or scale bytes)
+  computed from rounded arithmetic. Exact, except that an element one representable step away is
+  a *boundary flip* when the reference's value before that rounding (`aux`/`out` tensor `pre`)
+  lies within `boundary_ulps` bf16 ulps of the decision boundary (harness/boundary.py,
+  docs/verdicts.md). Flips are counted and accepted unless `accept_boundary` is false.
 - `index`: integer ids compared exactly; when they differ the index verdict classifies each
-  row as tie order only or a miss, using the reference scores stored as `aux.<scores>`. Rows
-  that differ only in tie order pass when `accept_ties` is set.
+  row as tie order, near tie (within `near_tie_ulps` of the k-th score) or miss, using the
+  reference scores stored as `aux.<scores>`. Tie rows pass with `accept_ties`; near-tie rows
+  (and tie rows) with `accept_near_ties`.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from .errors import UsageError
 
-KINDS = ("exact", "bf16", "f32", "index")
-TUNABLE = ("ulps", "atol", "atol_rel", "rel_l2", "max_diff_fraction", "accept_ties")
+KINDS = ("exact", "bf16", "f32", "quantised", "index")
+FLAGS = ("accept_ties", "accept_near_ties", "accept_boundary")  # booleans
+TUNABLE = ("ulps", "atol", "atol_rel", "rel_l2", "max_diff_fraction", "argument_ulps", "boundary_ulps",
+           "near_tie_ulps") + FLAGS
+FLOAT_KINDS = {"bf16": "bf16", "f32": "f32"}  # tolerance kinds, by the output dtype they judge
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,15 @@ class Policy:
     rel_l2: float = 0.0
     max_diff_fraction: float = 1.0  # share of elements allowed to differ at all (1.0: no limit)
     sentinels: tuple[float, ...] = ()
+    argument: str | None = None  # aux tensor: the argument of a transcendental output (cos/sin)
+    argument_ulps: float = 0.0  # allowance: this many fp32 ulps of the argument (|f'| <= 1)
+    # quantised kind only
+    quant: str | None = None  # block format: fp8_ue8m0 | fp4_e4m3 | fp4_e8m0 (harness/boundary.py)
+    encoding: str = "values"  # values | codes | packed | scale_bytes
+    pre: str | None = None  # tensor of the reference's values before quantisation ("out.x" or aux)
+    pre_tail: str | None = None  # params path of the RoPE tail width (pairs judged by their norm)
+    boundary_ulps: float = 0.0  # tolerance of `pre`, in bf16 ulps of its magnitude
+    accept_boundary: bool = True
     # index kind only
     scores: str | None = None  # aux tensor with the reference scores the selection came from
     order: str = "sequence"  # "sequence": position matters; "set": compared as sorted sets
@@ -46,17 +65,25 @@ class Policy:
     limit: str | None = None  # aux tensor: per-row exclusive upper bound on valid ids
     fill_is_worst: bool = False  # -1 lanes stand for worst-score picks (fixed-width top-k)
     accept_ties: bool = False
+    near_tie_ulps: float = 0.0  # scores within this many bf16 ulps of the k-th score are near-tied
+    accept_near_ties: bool = False
     note: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise UsageError(f"unknown comparison kind {self.kind!r}; expected one of {KINDS}")
+        if self.kind == "quantised" and (self.quant is None or self.pre is None):
+            raise UsageError("a quantised output needs its block format (quant) and pre-rounding tensor (pre)")
         if self.order not in ("sequence", "set"):
             raise UsageError(f"index order must be 'sequence' or 'set', not {self.order!r}")
 
     @property
     def tolerant(self) -> bool:
         return self.kind in ("bf16", "f32")
+
+    def for_dtype(self, kind: str) -> Policy:
+        """This policy judging an output of another float format (`kind` "bf16" or "f32")."""
+        return replace(self, kind=kind)
 
     def with_overrides(self, overrides: dict[str, Any], where: str) -> Policy:
         unknown = set(overrides) - set(TUNABLE) - {"note"}
@@ -66,9 +93,9 @@ class Policy:
             )
         clean = {}
         for key, value in overrides.items():
-            if key == "accept_ties":
+            if key in FLAGS:
                 if not isinstance(value, bool):
-                    raise UsageError(f"{where}: accept_ties must be true or false, not {value!r}")
+                    raise UsageError(f"{where}: {key} must be true or false, not {value!r}")
                 clean[key] = value
             elif key == "note":
                 clean[key] = str(value)
@@ -79,9 +106,12 @@ class Policy:
         return replace(self, **clean)
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["sentinels"] = list(self.sentinels)
-        return {k: v for k, v in data.items() if v not in (None, "", ()) or k == "kind"}
+        """The fields that differ from their defaults (and the kind): what makes this policy."""
+        defaults = {f.name: f.default for f in fields(self)}
+        data = {k: v for k, v in asdict(self).items() if k == "kind" or v != defaults[k]}
+        if "sentinels" in data:
+            data["sentinels"] = list(self.sentinels)
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Policy:
@@ -93,8 +123,16 @@ class Policy:
         if self.kind in ("bf16", "f32"):
             floor = f" + {self.atol:g}" if self.atol else ""
             floor += f" + {self.atol_rel:g}*max|e|" if self.atol_rel else ""
+            floor += f" + {self.argument_ulps:g} ulp of {self.argument}" if self.argument_ulps and self.argument else ""
             share = f", <= {self.max_diff_fraction:g} of elements differ" if self.max_diff_fraction < 1.0 else ""
             return f"{self.kind}: |a-e| <= {self.ulps:g} ulp{floor}, rel L2 <= {self.rel_l2:g}{share}"
         if self.kind == "index":
-            return "index: exact" + (" (tie order accepted)" if self.accept_ties else "")
+            accepted = [label for flag, label in ((self.accept_ties, "tie order"),
+                                                  (self.accept_near_ties, "near ties")) if flag]
+            near = f"; near tie within {self.near_tie_ulps:g} ulp of the k-th score" if self.near_tie_ulps else ""
+            return "index: exact" + near + (f" ({' and '.join(accepted)} accepted)" if accepted else "")
+        if self.kind == "quantised":
+            how = "accepted" if self.accept_boundary else "counted, not accepted"
+            return (f"quantised {self.quant} {self.encoding}: exact; one-step flips where the value before rounding "
+                    f"is within {self.boundary_ulps:g} bf16 ulp of the boundary {how}")
         return "exact (bitwise)"

@@ -40,6 +40,11 @@ class OutputSpec:
     limit: str | None = None  # index kind: aux tensor of per-row exclusive id limits
     fill_is_worst: bool = False  # index kind: -1 lanes are picks of the worst score
     sentinels: tuple[float, ...] = ()
+    argument: str | None = None  # bf16/f32: aux tensor of a transcendental output's argument
+    quant: str | None = None  # quantised kind: block format (harness/boundary.py FORMATS)
+    encoding: str = "values"  # quantised kind: values | codes | packed | scale_bytes
+    pre: str | None = None  # quantised kind: the reference's values before quantisation
+    pre_tail: str | None = None  # quantised kind: params path of the RoPE tail width
 
     def base_policy(self) -> Policy:
         return Policy(
@@ -51,6 +56,11 @@ class OutputSpec:
             limit=self.limit,
             fill_is_worst=self.fill_is_worst,
             sentinels=self.sentinels,
+            argument=self.argument,
+            quant=self.quant,
+            encoding=self.encoding,
+            pre=self.pre,
+            pre_tail=self.pre_tail,
         )
 
 
@@ -81,17 +91,21 @@ class Component:
 
     def output_spec(self, name: str) -> OutputSpec:
         """The spec for `name`. Step outputs such as `s03.rows` or `s03.l2.ids` use the spec of
-        their last part; `{prefix}` in a spec's `scores` becomes the name's prefix (`s03.l2.`),
-        so each step's ids are judged against that step's aux scores."""
+        their last part; `{prefix}` in a spec's aux references (`scores`, `pre`, `argument`)
+        becomes the name's prefix (`s03.l2.`), so each step's output is judged against that
+        step's aux tensors."""
         base = name.rsplit(".", 1)[-1]
         spec = next((s for s in self.outputs if s.name in (name, base)), None)
         if spec is None:
             raise KeyError(f"component {self.name} has no output {name!r}")
-        if spec.scores and "{prefix}" in spec.scores and name != base:
-            spec = replace(spec, scores=spec.scores.format(prefix=name[: len(name) - len(base)]))
+        prefix = name[: len(name) - len(base)]
+        refs = {field: getattr(spec, field) for field in AUX_REFERENCES}
+        if any(ref and "{prefix}" in ref for ref in refs.values()):
+            spec = replace(spec, **{k: v.format(prefix=prefix) for k, v in refs.items() if v})
         return spec
 
 
+AUX_REFERENCES = ("scores", "pre", "argument")  # OutputSpec fields naming golden tensors; may hold {prefix}
 REGISTRY: dict[str, Component] = {}
 
 

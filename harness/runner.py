@@ -17,7 +17,9 @@ import torch
 
 from . import regenerated
 from .compare import compare_output
+from .adapters.base import Unsupported
 from .config import Config
+from .differences import DIFFERENCES
 from .errors import GoldenError, HarnessError
 from .golden import Golden, load_verified
 from .ids import split_case_id
@@ -39,6 +41,10 @@ class CaseResult:
     golden_sha256: str = ""
     tie_rows: int = 0
     tie_example: str = ""
+    near_tie_rows: int = 0
+    near_tie_example: str = ""
+    boundary_flips: int = 0
+    boundary_example: str = ""
     first_divergent_step: int | None = None
     expectation: str = ""
     repro: str = ""
@@ -110,6 +116,11 @@ def _execute(component: Component, impl, golden: Golden, params: dict, result: C
     inputs = {k: v.clone() for k, v in golden.inputs.items()}
     try:
         actual = component.execute(call, inputs, dict(params))
+    except Unsupported as exc:
+        result.status = "unsupported"
+        result.message = f"implementation does not support this case: {exc}" if str(exc) else \
+            "implementation does not support this case"
+        return None
     except StepError as exc:
         result.status, result.message = "error", f"implementation failed at {exc}"
         result.first_divergent_step = exc.step
@@ -140,16 +151,16 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
         return
     failures, attribute_errors = [], []
     first_step = None
-    judged_with = {**{f"in.{k}": v for k, v in golden.inputs.items()}, **golden.aux}
+    context = golden_context(golden)
     for name in sorted(expected_names):
-        policy = config.policy(component, name, impl_conf)
-        verdict = compare_output(name, golden.outputs[name], actual[name], policy, judged_with, params)
+        expected = golden.outputs[name]
+        policy = config.policy(component, name, impl_conf, dtype=expected.dtype)
+        verdict = compare_output(name, expected, actual[name], policy, context, params)
         result.outputs[name] = {"ok": verdict.ok, "policy": policy.describe(), **verdict.metrics}
-        if verdict.metrics.get("rows_tie"):
-            result.tie_rows += verdict.metrics["rows_tie"]
-            if not result.tie_example:
-                result.tie_example = verdict.message
+        _count_differences(result, verdict)
         if verdict.ok:
+            if verdict.message:
+                result.outputs[name]["note"] = verdict.message[:NOTE_CHARS]
             continue
         if not verdict.metrics:  # attribute problem: wrong dtype, shape or type
             attribute_errors.append(verdict.message)
@@ -169,12 +180,30 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
         result.message = head + "\n".join(failures)
     else:
         result.status = "pass"
-        if result.tie_rows:
-            result.message = f"{result.tie_rows} row(s) differ only in tie order (accepted by policy)"
+        accepted = [f"{getattr(result, d.count)} {d.what}" for d in DIFFERENCES if getattr(result, d.count)]
+        if accepted:
+            result.message = "; ".join(accepted) + " (accepted by policy)"
 
+
+def golden_context(golden: Golden) -> dict[str, torch.Tensor]:
+    """What the comparator may consult: inputs as in.*, the reference's outputs as out.*, aux."""
+    return {**{f"in.{k}": v for k, v in golden.inputs.items()},
+            **{f"out.{k}": v for k, v in golden.outputs.items()}, **golden.aux}
+
+
+def _count_differences(result: CaseResult, verdict) -> None:
+    """Add an output's counted differences (tie rows, near ties, boundary flips) to the case."""
+    for d in DIFFERENCES:
+        if verdict.metrics.get(d.metric):
+            setattr(result, d.count, getattr(result, d.count) + int(verdict.metrics[d.metric]))
+            if not getattr(result, d.example):
+                setattr(result, d.example, verdict.message)
+
+
+NOTE_CHARS = 1200  # an output's explanation of what it accepted, as kept in results.json
 
 WORST = ("max_ulps", "rel_l2", "max_abs_err", "diff_fraction", "ulps_headroom", "rel_l2_headroom")
-TOTAL = ("mismatched", "rows_tie", "rows_miss")
+TOTAL = ("mismatched", "rows_miss", *(d.metric for d in DIFFERENCES))
 
 
 def summarise_metrics(outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:

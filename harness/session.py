@@ -7,15 +7,20 @@ Schema (version 1)::
      versions: {harness, torch, python, platform},
      goldens: {dir, manifest_sha256},
      components: {name: {cases, pass, fail, error, crash, timeout, unsupported, xfail, xpass,
-                         floor, floor_ok, tie_rows, verdict}},
+                         floor, floor_ok, tie_rows, near_tie_rows, boundary_flips, verdict}},
      problems: [str],            # run-level: floors unmet, nothing ran, stale expectations
      stale_expectations: [str],
      cases: [{id, component, status, message, params,
               metrics: {outputs, outputs_failed, max_ulps, rel_l2, max_abs_err, diff_fraction,
-                        ulps_headroom, rel_l2_headroom, mismatched, rows_tie, rows_miss},
-              outputs: {name: {ok, policy, and that output's metrics}},
-              duration_s, golden_sha256, tie_rows, tie_example, first_divergent_step,
-              expectation, repro}]}
+                        ulps_headroom, rel_l2_headroom, mismatched, rows_miss, rows_tie,
+                        rows_near_tie, boundary_flips},
+              outputs: {name: {ok, policy, note (what a passing output accepted), and that
+                               output's metrics}},
+              duration_s, golden_sha256, tie_rows, tie_example, near_tie_rows, near_tie_example,
+              boundary_flips, boundary_example, first_divergent_step, expectation, repro}]}
+
+Accepted differences (tie order, near ties, boundary flips; harness/differences.py) are counted
+per output, per case and per component whether or not they were accepted.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from . import __version__
 from .adapters.loader import instantiate, resolve
 from .cases import load_cases
 from .config import Config
+from .differences import DIFFERENCES
 from .errors import UsageError
 from .expectations import apply_expectations, load_expectations
 from .golden import MANIFEST, discover, read_manifest
@@ -134,16 +140,19 @@ def run(config: Config, options: RunOptions) -> dict:
 def summarise(config: Config, options: RunOptions, spec, results: list[dict], stale: list[str], started: float) -> dict:
     registry = components()
     per_component: dict[str, dict] = {}
+    counts = [d.count for d in DIFFERENCES]
+    empty = lambda: {s: 0 for s in STATUSES} | {"cases": 0} | dict.fromkeys(counts, 0)  # noqa: E731
     for result in results:
-        entry = per_component.setdefault(result["component"], {s: 0 for s in STATUSES} | {"cases": 0, "tie_rows": 0})
+        entry = per_component.setdefault(result["component"], empty())
         entry["cases"] += 1
         entry[result["status"]] = entry.get(result["status"], 0) + 1
-        entry["tie_rows"] += int(result.get("tie_rows") or 0)
+        for count in counts:
+            entry[count] += int(result.get(count) or 0)
     problems = []
     full_run = not options.select and not options.shard
     names = sorted(set(per_component) | (set(registry) if full_run else set()))
     for name in names:
-        entry = per_component.setdefault(name, {s: 0 for s in STATUSES} | {"cases": 0, "tie_rows": 0})
+        entry = per_component.setdefault(name, empty())
         executed = entry["cases"] - entry["unsupported"]
         floor = config.floor(registry[name]) if name in registry else 1
         entry["floor"] = floor

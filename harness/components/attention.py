@@ -33,6 +33,7 @@ from .build import normal
 from .steps import step_name
 
 NAME = "attention"
+ROPE_TAIL = "config.rope_head_dim"   # the RoPE'd channels of every row: judged by their pairs' norm
 CONFIGS = {"tiny-a": TINY_A}
 NINF = float("-inf")
 
@@ -157,24 +158,39 @@ def _reference(inputs, params):
 
 
 def _aux(inputs, params, outputs):
-    """Per step and compressed layer: the masked index scores its compressed ids came from, with
-    `offset` leading -inf columns so the ids index them directly (`sNN.lK.scores`)."""
+    """What the comparator needs per step, from a second reference pass:
+
+    - `sNN.lK.scores` (per compressed layer): the masked index scores its compressed ids came
+      from, with `offset` leading -inf columns so the ids index them directly;
+    - `sNN.window_pre` [L, b, n, hd]: the window rows the step wrote, before their fp8 QDQ;
+    - `sNN.lK.compress_pre` / `sNN.lK.index_k_pre`: the cache rows it wrote, before their fp4 QDQ
+      (the boundary verdict of window_rows, compress_rows and index_k_rows).
+    """
     cfg = config_of(params)
     roles = layer_roles(cfg)
     scores: dict[tuple[int, int], torch.Tensor] = {}
+    aux: dict[str, torch.Tensor] = {}
+    window_pre: dict[int, list[torch.Tensor]] = {}
 
     def call(call_in, call_params):
         out, res = _run_reference(call_in, call_params)
+        step, layer, start = int(call_params["step"]), int(call_params["layer"]), int(call_params["start"])
+        b, S = res.out.shape[:2]
+        written = [p - start for p in range(max(start, start + S - cfg.window_size), start + S)]
+        window_pre.setdefault(step, []).append(res.dumps["window_kv_pre"][:, written])
+        for name in ("compress_pre", "index_k_pre"):
+            if res.dumps.get(name) is not None:
+                aux[step_name(step, f"l{layer}.{name}")] = res.dumps[name].contiguous()
         masked = res.dumps.get("masked_scores")
         if masked is not None:
-            b, S, _ = masked.shape
-            pad = window_part_length(int(call_params["start"]), S, cfg.window_size)
+            pad = window_part_length(start, S, cfg.window_size)
             front = torch.full((b, S, pad), NINF, dtype=masked.dtype)
-            scores[(int(call_params["step"]), int(call_params["layer"]))] = torch.cat([front, masked], -1)
+            scores[(step, layer)] = torch.cat([front, masked], -1)
         return out
 
     drive_layers(call, inputs, params)
-    aux = {}
+    for step, rows in window_pre.items():
+        aux[step_name(step, "window_pre")] = torch.stack(rows).contiguous()
     for (i, layer), value in scores.items():
         for r in roles:   # an index source's scores also judge the layers that reuse its selection
             if r.ratio and r.index_source == layer:
@@ -190,10 +206,15 @@ OUTPUTS = (
     OutputSpec("compressed_ids", "index", "int32 [b, S, k]: selected compressed rows + offset, ascending, "
                "-1 tail; judged tie-aware against aux sNN.lK.scores", order="set", scores="{prefix}scores"),
     OutputSpec("candidates", "exact", "bool [b, S, T]: the candidate source's published block mask"),
-    OutputSpec("window_rows", "exact", "bf16 [L, b, n, hd]: every layer's ring slots written this step, oldest "
-               "first (fp8 QDQ)"),
-    OutputSpec("compress_rows", "exact", "bf16 [b, G, hd]: compressed cache rows written this step (fp4 QDQ)"),
-    OutputSpec("index_k_rows", "exact", "bf16 [b, G, ihd]: index-key rows written this step (fp4 QDQ)"),
+    OutputSpec("window_rows", "quantised", "bf16 [L, b, n, hd]: every layer's ring slots written this step, "
+               "oldest first (fp8 QDQ; boundary flips against aux sNN.window_pre)", quant="fp8_ue8m0",
+               pre="{prefix}window_pre", pre_tail=ROPE_TAIL),
+    OutputSpec("compress_rows", "quantised", "bf16 [b, G, hd]: compressed cache rows written this step (fp4 QDQ; "
+               "boundary flips against aux sNN.lK.compress_pre)", quant="fp4_e4m3", pre="{prefix}compress_pre",
+               pre_tail=ROPE_TAIL),
+    OutputSpec("index_k_rows", "quantised", "bf16 [b, G, ihd]: index-key rows written this step (fp4 QDQ; "
+               "boundary flips against aux sNN.lK.index_k_pre)", quant="fp4_e8m0", pre="{prefix}index_k_pre",
+               pre_tail=ROPE_TAIL),
     OutputSpec("ring_pending", "f32", "fp32 [b, P, 2, hd]: the ratio-2 compressor ring's live slots"),
     OutputSpec("published", "exact", "bool [L, 4]: layer l published compress_kv, index_k, topk_idxs, candidates"),
 )

@@ -21,6 +21,7 @@ import dataclasses
 
 import torch
 
+from ..adapters.base import Unsupported
 from ..reference.compressor import completed_groups, pending_state
 from ..reference.config import AttnConfig, LayerRole, layer_roles
 from ..reference.runtime import init_layer_state
@@ -181,6 +182,8 @@ def drive_layers(call, inputs: dict, params: dict) -> dict:
             call_params = {**params, "step": i, "start": start, "end": end, "layer": layer, "role": role_dict(role)}
             try:
                 result = call(call_in, call_params)
+            except Unsupported:
+                raise
             except Exception as exc:
                 raise StepError(i, f"{where} raised {type(exc).__name__}: {exc}") from exc
             _check_result(i, where, role, result)

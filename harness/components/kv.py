@@ -57,7 +57,7 @@ def _finish_inputs(params, build, gen):
 
 
 def _finish_reference(inputs, params):
-    ratio, rope_dim = int(params.get("ratio", 2)), int(params["rope_dim"])
+    ratio, rope_dim = _ratio(params), int(params["rope_dim"])
     positions = inputs["groups"] * ratio  # the group's first position (§2.4)
     out = kf.kv_finish(inputs["latent"], positions, inputs["table"], rope_dim, inputs["wk"], inputs["k_norm_w"],
                        float(params.get("eps", 1e-20)))
@@ -66,23 +66,47 @@ def _finish_reference(inputs, params):
             "index_packed": out.index_packed, "index_scale_bytes": out.index_scale_bytes}
 
 
+def _finish_aux(inputs, params, outputs):
+    """The index key after RoPE, before its quantisation: what the boundary verdict judges
+    index_k, index_packed and index_scale_bytes against (main* use out.main_rope)."""
+    rope = rp.apply_rotary(outputs["index_norm"], kf.rope_rows(inputs["table"], inputs["groups"] * _ratio(params)),
+                           int(params["rope_dim"]))
+    return {"index_rope": rope}
+
+
+def _ratio(params) -> int:
+    return int(params.get("ratio", 2))
+
+
+def _quantised(name: str, fmt: str, encoding: str, pre: str, doc: str) -> OutputSpec:
+    """A quantiser output judged exactly, with boundary flips against `pre` (docs/verdicts.md)."""
+    return OutputSpec(name, "quantised", doc, quant=fmt, encoding=encoding, pre=pre, pre_tail="rope_dim")
+
+
 register(Component(
     name="kv.finish",
     summary="compressor row -> RoPE at j*r -> fp4/e4m3 main row; index key wk -> k_norm -> RoPE -> fp4/e8m0",
     upstream="M:746-761 (main row), M:537-548 (index key); §3.4, §4.2",
     inputs=("latent", "groups", "table", "wk", "k_norm_w"),
     outputs=(
-        OutputSpec("main", "exact", "bf16 [b, G, hd]: post-RoPE row after fp4 QDQ (block 16, e4m3 scales)"),
+        _quantised("main", "fp4_e4m3", "values", "out.main_rope",
+                   "bf16 [b, G, hd]: post-RoPE row after fp4 QDQ (block 16, e4m3 scales)"),
         OutputSpec("main_rope", "bf16", "bf16 [b, G, hd]: post-RoPE row before quantisation"),
-        OutputSpec("main_packed", "exact", "uint8 [b, G, hd/2]: e2m1 codes, element 2i in the low nibble"),
-        OutputSpec("main_scale_bytes", "exact", "uint8 [b, G, hd/16]: float8_e4m3fn scale bits"),
-        OutputSpec("index_k", "exact", "bf16 [b, G, ihd]: index key after fp4 QDQ (block 32, power-of-two scales)"),
+        _quantised("main_packed", "fp4_e4m3", "packed", "out.main_rope",
+                   "uint8 [b, G, hd/2]: e2m1 codes, element 2i in the low nibble"),
+        _quantised("main_scale_bytes", "fp4_e4m3", "scale_bytes", "out.main_rope",
+                   "uint8 [b, G, hd/16]: float8_e4m3fn scale bits"),
+        _quantised("index_k", "fp4_e8m0", "values", "index_rope",
+                   "bf16 [b, G, ihd]: index key after fp4 QDQ (block 32, power-of-two scales)"),
         OutputSpec("index_norm", "bf16", "bf16 [b, G, ihd]: k_norm(wk(latent)), before RoPE"),
-        OutputSpec("index_packed", "exact", "uint8 [b, G, ihd/2]: e2m1 codes, element 2i in the low nibble"),
-        OutputSpec("index_scale_bytes", "exact", "uint8 [b, G, ihd/32]: e8m0 biased exponents"),
+        _quantised("index_packed", "fp4_e8m0", "packed", "index_rope",
+                   "uint8 [b, G, ihd/2]: e2m1 codes, element 2i in the low nibble"),
+        _quantised("index_scale_bytes", "fp4_e8m0", "scale_bytes", "index_rope",
+                   "uint8 [b, G, ihd/32]: e8m0 biased exponents"),
     ),
     build=_finish_inputs,
     reference=_finish_reference,
+    aux=_finish_aux,
     floor=3,
     notes="groups holds each row's compressed index j; RoPE uses table row j*r (params.ratio), the group's "
           "first position. The table is the compressed layers' YaRN table for positions 0..P-1.",

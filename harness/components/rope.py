@@ -40,16 +40,25 @@ def _table_reference(inputs, params):
     return {"inv_freq": inv, "table": rp.table_rows(inv, positions)}
 
 
+def _table_aux(inputs, params, outputs):
+    """The fp32 angle of every (position, pair) the table holds cos and sin of: [P, dim/2, 1]."""
+    return {"angle": torch.outer(inputs["positions"], outputs["inv_freq"]).unsqueeze(-1).contiguous()}
+
+
 register(Component(
     name="rope.yarn_table",
     summary="YaRN inverse frequencies and the (cos, sin) rows at given positions",
     upstream="M:368-389",
     inputs=("positions",),
-    outputs=(OutputSpec("inv_freq", "exact", "fp32 [dim/2]"),
-             OutputSpec("table", "exact", "fp32 [positions, dim/2, 2] = (cos, sin)")),
+    outputs=(OutputSpec("inv_freq", "f32", "fp32 [dim/2]: a pow and the YaRN blend in fp32; judged in fp32 ulps"),
+             OutputSpec("table", "f32", "fp32 [positions, dim/2, 2] = (cos, sin) of fp32(p) * inv_freq; judged in fp32 "
+                        "ulps plus an allowance in ulps of the angle (aux.angle)", argument="angle")),
     build=_table_inputs,
     reference=_table_reference,
+    aux=_table_aux,
     floor=3,
+    notes="Transcendental outputs: no two libms agree to the last bit (cosf, sincosf, Sleef, numpy), so both "
+          "are compared in fp32 ulps (conformance.yaml). Components that take a table as input get it exactly.",
 ))
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..adapters.base import Unsupported
 from ..registry import Call, Params, Tensors
 from ..runner import StepError
 
@@ -48,6 +49,8 @@ def drive_steps(call: Call, inputs: Tensors, params: Params, step_inputs: StepIn
         step_params = {**params, "step": i, "start": start, "end": end}
         try:
             result = call(step_in, step_params)
+        except Unsupported:
+            raise
         except Exception as exc:
             raise StepError(i, f"[{start}, {end}) raised {type(exc).__name__}: {exc}") from exc
         if not isinstance(result, dict):

@@ -88,7 +88,8 @@ class AttnStepResult(NamedTuple):
     candidates bool [b, S, T] published (candidate source) or applied (consumer), else None;
     state / runtime: the layer's new state and the new shared runtime;
     sources: slot name -> layer whose data this layer read (for reports);
-    dumps: named intermediates (qr, q, window_kv, kv, attn, o, index_scores, ...).
+    dumps: named intermediates (qr, q, window_kv and window_kv_pre (before its fp8 QDQ), kv, attn,
+    o, index_scores, compress_pre / index_k_pre (rows before their fp4 QDQ), ...).
     """
 
     out: torch.Tensor
@@ -224,11 +225,12 @@ def attention_step(layer: int, cfg: AttnConfig, weights: LayerWeights, state: La
     q = _per_token(lambda r: linear_bf16(r, w.wq_b), qr).unflatten(-1, (cfg.n_heads, -1))
     q = apply_rotary(q, freqs, rd)                                            # [b, S, h, hd]
     kv = _per_token(lambda r: rms_norm(linear_bf16(r, w.wkv), w.kv_norm, eps), x)
-    kv = fp8_qdq_ue8m0(apply_rotary(kv, freqs, rd), FP8_BLOCK).y              # [b, S, hd]
+    kv_rope = apply_rotary(kv, freqs, rd)                                     # [b, S, hd]
+    kv = fp8_qdq_ue8m0(kv_rope, FP8_BLOCK).y                                  # [b, S, hd]
     win_kv, win_ids, new_window = window_part(state.window, kv, start)
     offset = win_kv.shape[1]
 
-    dumps = {"qr": qr, "q": q, "window_kv": kv}
+    dumps = {"qr": qr, "q": q, "window_kv": kv, "window_kv_pre": kv_rope}
     sources: dict = {}
     ckv_cache, ik_cache, ring = state.compress_kv, state.index_k, state.comp_ring
     comp_kv = kv.new_zeros(b, 0, cfg.head_dim)
@@ -283,7 +285,8 @@ def _compress(layer, role, cfg, w, state, runtime, x, start, table, policy, dump
         ik[:, rows] = fin.index_k
         if rows.numel() > 0 or policy == "fixed":                            # §10.1
             runtime = runtime.publish(layer, index_k=ik)
-    dumps.update(latent=step.rows, compress_rows=fin.main, index_k_rows=fin.index_k)
+    dumps.update(latent=step.rows, compress_rows=fin.main, index_k_rows=fin.index_k,
+                 compress_pre=fin.main_rope, index_k_pre=fin.index_rope)
     return ckv, ik, step.ring, runtime
 
 

@@ -42,6 +42,7 @@ class KvFinish(NamedTuple):
     main_scale_bytes:  uint8 [b, G, hd/16] float8_e4m3fn bit patterns
     index_k:           bf16 [b, G, ihd] post-RoPE, fp4/e8m0-QDQ index key (None without wk)
     index_norm:        bf16 [b, G, ihd] k_norm(wk(latent)), before RoPE (None without wk)
+    index_rope:        bf16 [b, G, ihd] post-RoPE index key, before quantisation (None without wk)
     index_packed:      uint8 [b, G, ihd/2] (None without wk)
     index_scale_bytes: uint8 [b, G, ihd/32] e8m0 biased exponents (None without wk)
     """
@@ -54,6 +55,7 @@ class KvFinish(NamedTuple):
     index_norm: torch.Tensor | None
     index_packed: torch.Tensor | None
     index_scale_bytes: torch.Tensor | None
+    index_rope: torch.Tensor | None = None
 
 
 def rope_rows(table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -89,8 +91,8 @@ def finish_index(
     table: torch.Tensor,
     rope_dim: int,
     eps: float = 1e-20,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Index keys from the pre-RoPE latent: (norm bf16, y bf16, packed uint8, scale bytes uint8).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Index keys from the pre-RoPE latent: (norm bf16, rope bf16, y bf16, packed uint8, scale bytes uint8).
 
     wk bf16 [ihd, hd]; k_norm_w [ihd]. k = rms_norm(linear_bf16(latent, wk)) row by row, RoPE
     on its last rope_dim channels at `positions`, fp4 QDQ with e8m0 scales, block 32.
@@ -105,7 +107,7 @@ def finish_index(
         )  # [b, G, ihd] bf16
     rope = apply_rotary(norm, rope_rows(table, positions), rope_dim)
     q = fp4_qdq_e8m0(rope, INDEX_BLOCK)
-    return norm, q.y, pack_nibbles(q.codes), q.scale_bytes
+    return norm, rope, q.y, pack_nibbles(q.codes), q.scale_bytes
 
 
 def kv_finish(
@@ -128,8 +130,9 @@ def kv_finish(
         raise ValueError("give both wk and k_norm_w (index branch) or neither")
     if wk is None:
         return KvFinish(main, rope, main_packed, main_scales, None, None, None, None)
-    norm, index_k, index_packed, index_scales = finish_index(latent, positions, wk, k_norm_w, table, rope_dim, eps)
-    return KvFinish(main, rope, main_packed, main_scales, index_k, norm, index_packed, index_scales)
+    norm, index_rope, index_k, index_packed, index_scales = finish_index(latent, positions, wk, k_norm_w, table,
+                                                                         rope_dim, eps)
+    return KvFinish(main, rope, main_packed, main_scales, index_k, norm, index_packed, index_scales, index_rope)
 
 
 def _check_latent(latent: torch.Tensor, positions: torch.Tensor) -> None:

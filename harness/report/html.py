@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from html import escape
 
+from ..differences import DIFFERENCES
 from .table import COLUMNS
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
@@ -27,11 +28,12 @@ def render_html(doc: dict) -> str:
     for problem in doc.get("problems", []):
         out.append(f"<p class='fail'>Problem: {escape(problem)}</p>")
     out.append("<table><tr><th>component</th><th>verdict</th><th>cases</th>" + "".join(f"<th>{c}</th>" for c in COLUMNS)
-               + "<th>tie rows</th></tr>")
+               + "".join(f"<th>{d.label}</th>" for d in DIFFERENCES) + "</tr>")
     comps = sorted(doc["components"].items(), key=lambda kv: (kv[1]["verdict"] != "fail", kv[0]))
     for name, e in comps:
         out.append(f"<tr><td><a href='#{escape(name)}'>{escape(name)}</a></td><td class='{e['verdict']}'>{e['verdict']}</td>"
-                   f"<td>{e['cases']}</td>" + "".join(f"<td>{e.get(c, 0)}</td>" for c in COLUMNS) + f"<td>{e.get('tie_rows', 0)}</td></tr>")
+                   f"<td>{e['cases']}</td>" + "".join(f"<td>{e.get(c, 0)}</td>" for c in COLUMNS)
+                   + "".join(f"<td>{e.get(d.count, 0)}</td>" for d in DIFFERENCES) + "</tr>")
     out.append("</table>")
     by_component: dict[str, list[dict]] = {}
     for case in doc["cases"]:
@@ -48,16 +50,21 @@ def render_html(doc: dict) -> str:
                 out.append(f"<p>params: <code>{escape(shown[:600])}</code></p>")
             if case.get("message"):
                 out.append(f"<pre>{escape(case['message'])}</pre>")
-            if case.get("tie_example") and case["status"] == "pass":
-                out.append(f"<p>rows that differ only in tie order (accepted):</p><pre>{escape(case['tie_example'])}</pre>")
+            for d in DIFFERENCES:
+                if case.get(d.example) and case["status"] == "pass":
+                    out.append(f"<p>{case.get(d.count, 0)} {escape(d.what)} (accepted):</p>"
+                               f"<pre>{escape(case[d.example])}</pre>")
             if case.get("expectation"):
                 out.append(f"<p>{escape(case['expectation'])}</p>")
             if case.get("outputs"):
                 out.append("<table><tr><th>output</th><th>ok</th><th>policy</th><th>metrics</th></tr>")
                 for out_name, m in case["outputs"].items():
-                    metrics = ", ".join(f"{k}={_num(v)}" for k, v in m.items() if k not in ("ok", "policy") and v is not None)
+                    metrics = ", ".join(f"{k}={_num(v)}" for k, v in m.items()
+                                        if k not in ("ok", "policy", "note") and v is not None)
                     out.append(f"<tr><td>{escape(out_name)}</td><td>{'yes' if m.get('ok') else 'no'}</td>"
                                f"<td>{escape(str(m.get('policy', '')))}</td><td>{escape(metrics)}</td></tr>")
+                    if m.get("note"):
+                        out.append(f"<tr><td></td><td colspan='3'><pre>{escape(m['note'])}</pre></td></tr>")
                 out.append("</table>")
             if case.get("repro"):
                 out.append(f"<p>re-run: <code>{escape(case['repro'])}</code></p>")

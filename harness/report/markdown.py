@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..differences import DIFFERENCES
 from .table import COLUMNS
 
 MAX_FAILURES = 20
@@ -16,11 +17,11 @@ def render_summary(doc: dict) -> str:
     lines = [f"## Conformance: `{_cell(doc['impl'])}` — {verdict}", "",
              f"device `{doc['device']}` · torch {doc['versions']['torch']} · harness {doc['versions']['harness']} · "
              f"{len(doc['cases'])} case(s) in {doc['duration_s']} s", "",
-             "| component | verdict | cases | " + " | ".join(COLUMNS) + " | tie rows |",
-             "|---|---|---:|" + "---:|" * len(COLUMNS) + "---:|"]
+             "| component | verdict | cases | " + " | ".join(COLUMNS + tuple(d.label for d in DIFFERENCES)) + " |",
+             "|---|---|---:|" + "---:|" * (len(COLUMNS) + len(DIFFERENCES))]
     for name, e in doc["components"].items():
-        lines.append(f"| `{name}` | {e['verdict']} | {e['cases']} | " + " | ".join(str(e.get(c, 0)) for c in COLUMNS)
-                     + f" | {e.get('tie_rows', 0)} |")
+        cells = [str(e.get(c, 0)) for c in COLUMNS] + [str(e.get(d.count, 0)) for d in DIFFERENCES]
+        lines.append(f"| `{name}` | {e['verdict']} | {e['cases']} | " + " | ".join(cells) + " |")
     bad = [c for c in doc["cases"] if c["status"] in ("fail", "error", "crash", "timeout", "xpass")]
     if bad:
         lines += ["", f"### {len(bad)} case(s) did not pass", ""]

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from ..differences import DIFFERENCES
+
 COLUMNS = ("pass", "fail", "error", "crash", "timeout", "unsupported", "xfail", "xpass")
 SHORT = {"unsupported": "unsup"}
 
 
 def render_table(doc: dict, failures: int = 5) -> str:
-    head = ["component", "verdict", "cases"] + [SHORT.get(c, c) for c in COLUMNS] + ["ties"]
+    head = ["component", "verdict", "cases"] + [SHORT.get(c, c) for c in COLUMNS] + [d.column for d in DIFFERENCES]
     rows = []
     for name, entry in doc["components"].items():
         rows.append([name, entry["verdict"].upper(), str(entry["cases"])] + [str(entry.get(c, 0) or "") or "." for c in COLUMNS]
-                    + [str(entry.get("tie_rows") or ".")])
+                    + [str(entry.get(d.count) or ".") for d in DIFFERENCES])
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
     lines = [f"impl {doc['impl']} ({doc['impl_kind']}, device {doc['device']}): "
@@ -26,12 +28,13 @@ def render_table(doc: dict, failures: int = 5) -> str:
             lines.append(f"  {case['status'].upper()} {case['id']}")
             lines += [f"      {line}" for line in first]
             lines.append(f"      re-run: {case.get('repro', '')}")
-    tied = [c for c in doc["cases"] if c.get("tie_rows")]
-    if tied:
-        lines.append("")
-        lines.append(f"{sum(c['tie_rows'] for c in tied)} row(s) in {len(tied)} case(s) differ only in tie order; e.g. {tied[0]['id']}:")
-        example = (tied[0].get("tie_example") or tied[0].get("message") or "").strip().splitlines()
-        lines += [f"      {line}" for line in example[:6]]
+    for d in DIFFERENCES:
+        shown = [c for c in doc["cases"] if c.get(d.count)]
+        if shown:
+            lines.append("")
+            lines.append(f"{sum(c[d.count] for c in shown)} {d.what} in {len(shown)} case(s); e.g. {shown[0]['id']}:")
+            example = (shown[0].get(d.example) or shown[0].get("message") or "").strip().splitlines()
+            lines += [f"      {line}" for line in example[:8]]
     for problem in doc.get("problems", []):
         lines.append(f"PROBLEM: {problem}")
     for stale in doc.get("stale_expectations", []):
