@@ -252,3 +252,38 @@ def _describe_element(i, fmt, encoding, x, t, s_ref, ref, got, actual, under_fli
 
 def _g(v) -> str:
     return f"{float(v):.6g}"
+
+
+def admissible_variants(x: torch.Tensor, tol: torch.Tensor, fmt: BlockFormat) -> list[tuple[str, torch.Tensor]]:
+    """Every single boundary flip a correct implementation may make quantising one row.
+
+    x: [D] the reference's values before quantisation, tol float64 [D] their tolerance. Returns
+    (what, y) pairs, y the bf16 [D] dequantised row with that one flip: an element one step
+    across its boundary, or a whole block under an adjacent admissible scale. Used to explain
+    values computed from a quantised intermediate that is not an output (the indexer's query).
+    """
+    xb, tb = x.float().unflatten(-1, (-1, fmt.block)), tol.double().unflatten(-1, (-1, fmt.block))
+    s_ref = fmt.scale(xb.abs().amax(-1))
+    base = quantise(xb, s_ref, fmt)
+    out = []
+    lo = fmt.codes(((xb.double() - tb) / s_ref.double().unsqueeze(-1)).float())
+    hi = fmt.codes(((xb.double() + tb) / s_ref.double().unsqueeze(-1)).float())
+    ref = fmt.codes(xb / s_ref.unsqueeze(-1))
+    for codes in (lo, hi):
+        for blk, i in (codes != ref).nonzero().tolist():
+            y = base.clone()
+            y[blk, i] = (fmt.value(codes[blk, i]) * s_ref[blk]).to(torch.bfloat16)
+            out.append((f"element {blk * fmt.block + i} one {fmt.step_name}", y.flatten()))
+    for bound in (xb.double().abs() - tb).clamp_min(0), xb.double().abs() + tb:
+        s_alt = fmt.scale(bound.amax(-1).float())
+        adjacent = (fmt.scale_bytes(s_alt).to(torch.int64) - fmt.scale_bytes(s_ref).to(torch.int64)).abs() == 1
+        for blk in adjacent.nonzero().flatten().tolist():
+            y = base.clone()
+            y[blk] = quantise(xb[blk:blk + 1], s_alt[blk:blk + 1], fmt)[0]
+            out.append((f"block {blk} under the adjacent scale {_g(s_alt[blk])}", y.flatten()))
+    return out
+
+
+def quantise(xb: torch.Tensor, s: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
+    """bf16 [..., nb, block]: fp32 blocks quantised under the given block scales [..., nb]."""
+    return (fmt.value(fmt.codes(xb / s.unsqueeze(-1))) * s.unsqueeze(-1)).to(torch.bfloat16)

@@ -17,7 +17,7 @@ import yaml
 
 from .errors import UsageError
 from .policy import FLOAT_KINDS, Policy
-from .registry import Component
+from .registry import Component, OutputSpec
 
 DTYPE_KINDS = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
@@ -61,6 +61,14 @@ class Config:
         if cached is None:
             cached = self._policies[key] = self._resolve(component, spec, impl)
         return cached
+
+    def boundary_policy(self, component: Component, impl: dict[str, Any] | None = None) -> Policy:
+        """The quantised policy (boundary_ulps, accept_boundary) for flips inside a computation."""
+        spec = OutputSpec("(internal)", "quantised", quant="-", pre="-")
+        key = (component.name, spec, tuple(bool((impl or {}).get(flag)) for flag in IMPL_FLAGS))
+        if key not in self._policies:
+            self._policies[key] = self._resolve(component, spec, impl)
+        return self._policies[key]
 
     def _resolve(self, component: Component, spec, impl: dict[str, Any] | None) -> Policy:
         policy = spec.base_policy()

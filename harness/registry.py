@@ -64,6 +64,27 @@ class OutputSpec:
         )
 
 
+@dataclass(frozen=True)
+class Rederived:
+    """The golden conditioned on accepted boundary flips inside the computation (docs/verdicts.md).
+
+    A quantised intermediate that is not an output (the indexer's fp4 query) can flip at a
+    rounding boundary in a correct implementation; what it feeds then differs by more than its
+    tolerance. A component's `rederive` hook finds the flips that explain the implementation's
+    outputs and returns the reference recomputed with them: replacement expected outputs and aux
+    tensors, the number of flips and a sentence naming the first.
+    """
+
+    outputs: Tensors
+    aux: Tensors
+    flips: int
+    example: str
+
+
+# (inputs, expected outputs, aux, actual outputs, params, boundary_ulps) -> Rederived | None
+Rederive = Callable[[Tensors, Tensors, Tensors, Tensors, Params, float], Rederived | None]
+
+
 def single_call(call: Call, inputs: Tensors, params: Params) -> Tensors:
     return call(inputs, params)
 
@@ -81,6 +102,7 @@ class Component:
     aux: Callable[[Tensors, Params, Tensors], Tensors] | None = None
     floor: int = 1
     expected_outputs: Callable[[Params], tuple[str, ...]] | None = None  # for step-named outputs
+    rederive: Rederive | None = None  # boundary flips of an internal quantised value (see Rederived)
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 

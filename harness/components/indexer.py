@@ -25,7 +25,9 @@ from ..reference import candidates as cd
 from ..reference import indexer as ix
 from ..reference import numerics as nx
 from ..reference import rope as rp
-from ..registry import Component, OutputSpec, register
+from ..boundary import FORMATS, admissible_variants, pre_tolerance
+from ..registry import Component, OutputSpec, Rederived, register
+from ..ulps import ulp_of
 from .build import need, normal
 from ..reference.numerics import randn
 
@@ -203,14 +205,20 @@ def _select_inputs(params, build, gen):
 
 def select_reference(inputs: dict, params: dict) -> dict:
     """indexer.select: the reference selection of the given scores (see module docstring)."""
-    scores, candidates = inputs["scores"], inputs["candidates"]
-    lens = _lens(params, scores.shape[1], "indexer.select")
+    return {"ids": select_from_scores(inputs["scores"], inputs["candidates"], params, "indexer.select")[0]}
+
+
+def select_from_scores(scores: torch.Tensor, candidates: torch.Tensor, params: dict, component: str
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, masked scores): visibility, candidate masking, top-k, ids + offset, leak policy (M:563-580)."""
+    lens = _lens(params, scores.shape[1], component)
     offset = int(params.get("offset", 0))
-    masked = scores.masked_fill(~candidates, NINF)
-    ids = ix.select_topk(masked, lens, _int(params, "index_topk", "indexer.select"), offset).ids
+    selection = ix.select_topk(scores.masked_fill(~candidates, NINF), lens, _int(params, "index_topk", component),
+                               offset)  # applies the visible prefix itself
+    ids = selection.ids
     if _leak_policy(params) == "drop":
         ids = _drop_masked(ids, candidates, offset)
-    return {"ids": ids}
+    return ids, selection.masked_scores
 
 
 def _id_limit(lens: torch.Tensor, batch: int, params) -> torch.Tensor:
@@ -275,28 +283,73 @@ def _forward_inputs(params, build, gen):
     return inputs
 
 
+def _table_by_position(inputs: dict, start: int) -> torch.Tensor:
+    freqs = inputs["freqs"]
+    return torch.cat([torch.zeros((start, *freqs.shape[1:]), dtype=freqs.dtype), freqs])  # rows by position
+
+
 def forward_reference(inputs: dict, params: dict) -> dict:
     """indexer: the reference forward; the rope rows for positions start.. are given as `freqs`."""
     comp = "indexer"
     start, ratio = _int(params, "start", comp), _int(params, "ratio", comp)
-    freqs = inputs["freqs"]
-    table = torch.cat([torch.zeros((start, *freqs.shape[1:]), dtype=freqs.dtype), freqs])  # rows by position
-    offset = int(params.get("offset", 0))
     result = ix.indexer_forward(
         inputs["x"], inputs["qr"], inputs["index_k_cache"], start, ratio,
-        ix.IndexerWeights(inputs["wq_b"], inputs["weights_proj"]), table, _int(params, "rope_dim", comp),
-        _int(params, "index_topk", comp), offset, inputs["candidates"],
+        ix.IndexerWeights(inputs["wq_b"], inputs["weights_proj"]), _table_by_position(inputs, start),
+        _int(params, "rope_dim", comp), _int(params, "index_topk", comp), int(params.get("offset", 0)),
+        inputs["candidates"],
     )
-    ids = result.ids
-    if _leak_policy(params) == "drop":
-        ids = _drop_masked(ids, inputs["candidates"], offset)
-    return {"ids": ids, "scores": result.scores}
+    return {"ids": select_from_scores(result.scores, inputs["candidates"], params, comp)[0], "scores": result.scores}
 
 
 def _forward_aux(inputs, params, outputs):
+    """The selection's judges (masked scores, id limits) and the query before its fp4 QDQ with
+    the head weights, from which `_rederive` recomputes scores under a flipped query."""
     lens = _lens(params, inputs["x"].shape[1], "indexer")
+    start, heads = _int(params, "start", "indexer"), inputs["weights_proj"].shape[0]
+    freqs = _table_by_position(inputs, start)[start:]
+    q_pre = ix.indexer_query(inputs["qr"], inputs["wq_b"], heads, freqs, _int(params, "rope_dim", "indexer"))
+    w = ix.head_weights(inputs["x"], inputs["weights_proj"], q_pre.shape[-1], heads)
     return {"masked_scores": _masked(outputs["scores"], lens, inputs["candidates"]),
-            "id_limit": _id_limit(lens, inputs["x"].shape[0], params)}
+            "id_limit": _id_limit(lens, inputs["x"].shape[0], params), "q_pre": q_pre, "w": w}
+
+
+def _rederive(inputs, expected, aux, actual, params, boundary_ulps) -> Rederived | None:
+    """Query rows whose scores differ beyond an ulp because one fp4 value of the query crossed a
+    rounding boundary (the query is not an output, so no boundary verdict sees it): find the flip
+    among the admissible ones that reproduces the implementation's row, and rederive the scores,
+    masked scores and ids with it. None when nothing needs it or a row has no such explanation."""
+    got, want = actual.get("scores"), expected["scores"]
+    if not isinstance(got, torch.Tensor) or got.dtype != want.dtype or got.shape != want.shape:
+        return None
+    within = lambda a, e: (a.double() - e.double()).abs() <= ulp_of(e, torch.bfloat16)  # noqa: E731 the scores' own bound
+    rows = (~within(got, want)).any(-1).nonzero().tolist()
+    if not rows:
+        return None
+    keys = inputs["index_k_cache"][:, : want.shape[-1]]
+    tail = _int(params, "rope_dim", "indexer")
+    scores, flips, example = want.clone(), 0, ""
+    for b, t in rows:
+        q_pre, w = aux["q_pre"][b, t], aux["w"][b : b + 1, t : t + 1]  # [H, D], [1, 1, H]
+        fmt = FORMATS["fp4_e8m0"]
+        q = nx.fp4_qdq_e8m0(q_pre, ix.FP4_BLOCK).y
+        for h in range(q.shape[0]):
+            variants = admissible_variants(q_pre[h], pre_tolerance(q_pre[h], boundary_ulps, tail), fmt)
+            for what, row in variants:
+                trial = q.clone()
+                trial[h] = row
+                redone = ix.index_scores(trial[None, None], keys[b : b + 1], w)[0, 0]
+                if bool(within(got[b, t], redone).all()):
+                    scores[b, t], flips = redone, flips + 1
+                    example = example or (f"query row {[b, t]}, head {h}: {what} of the fp4 query (a value within "
+                                          f"{boundary_ulps:g} bf16 ulps of its rounding boundary); its scores follow")
+                    break
+            else:
+                continue
+            break
+        else:
+            return None
+    ids, masked = select_from_scores(scores, inputs["candidates"], params, "indexer")
+    return Rederived({"scores": scores, "ids": ids}, {"masked_scores": masked}, flips, example)
 
 
 register(Component(
@@ -311,6 +364,7 @@ register(Component(
     build=_forward_inputs,
     reference=forward_reference,
     aux=_forward_aux,
+    rederive=_rederive,
     floor=5,
     notes="params: start, ratio, rope_dim, index_topk, offset, candidate_leak. freqs holds the (cos, sin) "
           "rows of positions start..start+S-1; index_k_cache rows >= T are never read. H comes from "

@@ -37,7 +37,8 @@ from typing import NamedTuple
 
 import torch
 
-from harness.reference.numerics import fp4_qdq_e8m0, linear_bf16
+from harness.reference import numerics as nx  # quantisers looked up at call time: one override point
+from harness.reference.numerics import linear_bf16
 from harness.reference.rope import apply_rotary
 from harness.reference.topk import torch_cpu_topk
 
@@ -145,6 +146,12 @@ def index_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Ten
         total = p.double().sum(dim=2)  # [b, s, T], exact
         out[:, s0 : s0 + rows] = total.float().to(torch.bfloat16) + 0.0  # +0.0 turns -0 into +0
     return out
+
+
+def indexer_query(qr: torch.Tensor, wq_b: torch.Tensor, heads: int, freqs: torch.Tensor, rope_dim: int) -> torch.Tensor:
+    """bf16 [b, S, H, D]: wq_b(qr) per head with RoPE on its last rope_dim channels, before the fp4
+    QDQ (M:550-552). freqs: fp32 [S, rope_dim/2, 2], the rows of the tokens' positions."""
+    return apply_rotary(linear_bf16(qr, wq_b).unflatten(-1, (heads, -1)), freqs, rope_dim)
 
 
 def query_compress_lens(start: int, seqlen: int, ratio: int) -> torch.Tensor:
@@ -256,9 +263,7 @@ def indexer_forward(
             f"candidates must be bool [{b}, {S}, {T}], got {candidates.dtype} {tuple(candidates.shape)}"
         )
 
-    q = linear_bf16(qr, weights.wq_b).unflatten(-1, (H, D))  # [b, S, H, D]
-    q = apply_rotary(q, rope_table[start : start + S], rope_dim)
-    q = fp4_qdq_e8m0(q, FP4_BLOCK).y
+    q = nx.fp4_qdq_e8m0(indexer_query(qr, weights.wq_b, H, rope_table[start : start + S], rope_dim), FP4_BLOCK).y
     w = head_weights(x, weights.weights_proj, D, H)  # [b, S, H]
     scores = index_scores(q, index_k_cache[:b, :T], w)  # [b, S, T]
 

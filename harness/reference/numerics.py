@@ -11,6 +11,11 @@ Everything here is a pure function of tensors on the CPU. Upstream anchors
 - `rms_norm`: `RMSNorm.forward` (M:281-293, doc §3.3).
 - `linear_f32` / `linear_bf16`: `F.linear` as `linear()` uses it without quantised weights (M:181-207).
 
+Override point: every component and reference module looks the quantisers (and `e2m1_round`)
+up in this module when it calls them, so replacing `harness.reference.numerics.fp4_qdq_e4m3` (an
+experiment, a test's deliberate bug) reaches `quant.*`, `kv.finish`, `indexer` and `attention`
+alike.
+
 The kernels are fake-quantisers: they quantise and immediately dequantise back into bf16. The
 functions below also return what a deployment would store (e2m1 / e4m3 codes and the scale
 bytes), so an implementation can be checked on codes and scales exactly.

@@ -30,7 +30,9 @@ import torch
 import torch.nn.functional as F
 
 import harness.reference.attention as ref_attention
+from gate import Gate
 from harness.adapters.reference import ReferenceAdapter
+from harness.reference.kv_finish import KvFinish
 
 NINF = float("-inf")
 SCORE, LATENT = 0, 1  # (score, latent) axis of a compressor ring slot (docs/schedules.md)
@@ -38,12 +40,6 @@ TILE = 64  # sparse_attn lanes per tile (K41:328)
 M_INIT = -1e30  # sparse_attn running-max start (K41:352-355)
 FP8_BLOCK, FP4_INDEX_BLOCK, FP4_MAIN_BLOCK = 32, 32, 16
 
-# Components without floating-point arithmetic (ids, addresses, masks, byte counts, ring capacity,
-# row metadata, topology rules): the reference's bookkeeping is the only correct answer.
-DELEGATED = (
-    "address.decode", "address.prefill", "window.indices", "candidates.restore", "topology.validate",
-    "cache.bytes", "compressor.ring", "compressor.metadata",
-)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,36 +303,24 @@ def compressor_step(x: torch.Tensor, start: int, ring: torch.Tensor, wkv: torch.
 # ---------------------------------------------------------------------------------------------
 
 
-class FinishedRows(NamedTuple):
-    main: torch.Tensor
-    main_rope: torch.Tensor
-    main_packed: torch.Tensor
-    main_scale_bytes: torch.Tensor
-    index_k: torch.Tensor | None
-    index_norm: torch.Tensor | None
-    index_packed: torch.Tensor | None
-    index_scale_bytes: torch.Tensor | None
-    index_rope: torch.Tensor | None  # post-RoPE index key before its QDQ (the reference's attention dumps it)
-
-
 KV_FINISH_OUTPUTS = ("main", "main_rope", "main_packed", "main_scale_bytes", "index_k", "index_norm", "index_packed",
                      "index_scale_bytes")
 
 
 def kv_finish(latent: torch.Tensor, positions: torch.Tensor, table: torch.Tensor, rope_dim: int,
               wk: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
-              eps: float = 1e-20) -> FinishedRows:
+              eps: float = 1e-20) -> KvFinish:
     """Main row: RoPE at the group's first position, fp4/e4m3 QDQ. Index key (with wk):
     k_norm(wk(latent)), RoPE, fp4/e8m0 QDQ. latent bf16 [b, G, hd], positions int64 [G]."""
     rows = table[positions]
     main_rope = rotate(latent, rows, rope_dim)
     main = fp4_e4m3(main_rope)
     if wk is None:
-        return FinishedRows(main.y, main_rope, pack_nibbles(main.codes), main.scale_bytes, None, None, None, None, None)
+        return KvFinish(main.y, main_rope, pack_nibbles(main.codes), main.scale_bytes, None, None, None, None, None)
     index_norm = rms_norm(linear_bf16(latent, wk), k_norm, eps)
     index_rope = rotate(index_norm, rows, rope_dim)
     index = fp4_e8m0(index_rope)
-    return FinishedRows(main.y, main_rope, pack_nibbles(main.codes), main.scale_bytes,
+    return KvFinish(main.y, main_rope, pack_nibbles(main.codes), main.scale_bytes,
                         index.y, index_norm, pack_nibbles(index.codes), index.scale_bytes, index_rope)
 
 
@@ -485,7 +469,6 @@ ATTENTION_ARITHMETIC = {
     "linear_bf16": linear_bf16,
     "rms_norm": rms_norm,
     "apply_rotary": rotate,
-    "fp8_qdq_ue8m0": fp8_ue8m0,
     "compressor_step": _attention_compressor_step,
     "kv_finish": kv_finish,
     "indexer_forward": _attention_indexer,
@@ -590,6 +573,12 @@ def _sparse_attn(inputs, params):
                              float(params["softmax_scale"]))}
 
 
+def _attention(inputs, params):
+    """The reference's bookkeeping with every arithmetic helper swapped for its float64 version."""
+    with mock.patch.multiple(ref_attention, **ATTENTION_ARITHMETIC):
+        return ReferenceAdapter().run("attention", inputs, params)
+
+
 HANDLERS = {
     "rope.yarn_table": _yarn_table,
     "rope.apply": _rope_apply,
@@ -611,15 +600,7 @@ HANDLERS = {
 }
 
 
-class Float64(ReferenceAdapter):
+class Float64(Gate):
     """Every floating-point component in float64, rounded once at upstream's rounding points."""
 
-    def run(self, component, inputs, params):
-        if component in DELEGATED:
-            return super().run(component, inputs, params)
-        if component == "attention":
-            with mock.patch.multiple(ref_attention, **ATTENTION_ARITHMETIC):
-                return super().run(component, inputs, params)
-        if component not in HANDLERS:
-            raise NotImplementedError(f"gate_float64 has no float64 version of {component!r}")
-        return HANDLERS[component](inputs, params)
+    handlers = {**HANDLERS, "attention": _attention}
