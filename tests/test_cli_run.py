@@ -54,17 +54,6 @@ def test_ties_away_from_zero_fails_exactly_the_e2m1_components(tmp_path):
     assert "| 1 | 0" in midpoints["message"] or "| 9 | 8" in midpoints["message"]
 
 
-def test_float64_implementation_of_tolerance_components_passes(tmp_path):
-    report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", f"{ROOT}/tests/impls/wrong.py:Float64Tolerant", "--report-dir", str(report),
-                   "--select", "rope.apply,norm.rms,linear.f32", "--no-isolate")
-    assert proc.returncode == 0, proc.stdout
-    doc = results(report)
-    assert all(c["status"] == "pass" for c in doc["cases"])
-    # and it was not identical to the reference everywhere: the tolerance did real work
-    assert any((m.get("max_ulps") or 0) > 0 for c in doc["cases"] for m in c["outputs"].values())
-
-
 def test_numpy_example_passes_its_components_and_declares_the_rest_unsupported(tmp_path):
     report = tmp_path / "rep"
     proc = run_cli("run", "--impl", "numpy-example", "--report-dir", str(report), "--select", ",".join(NUMERIC), "--no-isolate")

@@ -37,32 +37,6 @@ class TiesAwayE2M1(ReferenceAdapter):
             return super().run(component, inputs, params)
 
 
-class Float64Tolerant(ReferenceAdapter):
-    """rope.apply, norm.rms and linear.f32 in float64, rounded at the same points: must pass."""
-
-    def run(self, component, inputs, params):
-        if component == "norm.rms":
-            x, w = inputs["x"].double(), inputs["weight"].double()
-            y = w * (x * torch.rsqrt((x * x).mean(-1, keepdim=True) + float(params.get("eps", 1e-20))))
-            return {"y": y.to(inputs["x"].dtype)}
-        if component == "linear.f32":
-            return {"y": (inputs["x"].double() @ inputs["w"].double().T).float()}
-        if component == "rope.apply":
-            x, table, rope = inputs["x"], inputs["table"].double(), int(params["rope_dim"])
-            tail = x[..., -rope:].double().unflatten(-1, (rope // 2, 2))
-            cos, sin = table[..., 0], table[..., 1]
-            if x.dim() == 4:
-                cos, sin = cos[:, None], sin[:, None]
-            if params.get("inverse"):
-                sin = -sin
-            re = tail[..., 0] * cos - tail[..., 1] * sin
-            im = tail[..., 0] * sin + tail[..., 1] * cos
-            y = x.clone()
-            y[..., -rope:] = torch.stack([re, im], -1).flatten(-2).float().to(x.dtype)
-            return {"y": y}
-        return super().run(component, inputs, params)
-
-
 class Raises(ReferenceAdapter):
     def run(self, component, inputs, params):
         if component == "norm.rms":
