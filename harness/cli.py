@@ -1,11 +1,13 @@
 """The `conformance` command (also `python -m harness`).
 
 Exit codes: 0 everything passed; 1 a case failed, drifted or a floor was missed; 2 a usage or
-configuration error (bad flag, malformed conformance.yaml, unknown --impl).
+configuration error (bad flag, malformed conformance.yaml, unknown --impl, a report dir in use);
+130 / 143 a run stopped by SIGINT / SIGTERM (the reports hold what ran, the rest is `not_run`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import sys
@@ -43,7 +45,8 @@ def main() -> None:
 @main.command()
 @click.option("--impl", required=True, help="reference, a name from conformance.yaml, an entry point, pkg.mod:attr or file.py:attr")
 @select_option
-@click.option("--report-dir", default="reports/latest", show_default=True, type=click.Path(file_okay=False))
+@click.option("--report-dir", default="reports/latest", show_default=True, type=click.Path(file_okay=False),
+              help="where the reports go; one run at a time per folder")
 @click.option("-n", "workers", default="0", show_default=True, help="pytest-xdist workers: a number or auto")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N")
 @click.option("--timeout", type=float, default=None, help="seconds per case (default: conformance.yaml's timeout)")
@@ -53,20 +56,20 @@ def main() -> None:
 @config_option
 def run(impl, select, report_dir, workers, device, timeout, no_isolate, shard, pytest_args, config_path):
     """Run an implementation against the goldens and write the conformance report."""
-    from .report import render_table, write_reports
+    from .report import render_table
     from .session import RunOptions
     from .session import run as run_session
 
     try:
         config = _config(config_path)
         _check_device(device)
+        _check_run_flags(workers, timeout, Path(report_dir), config)
         options = RunOptions(impl=impl, select=parse_select(select), report_dir=Path(report_dir), workers=str(workers),
                              device=device, timeout=timeout, isolate=not no_isolate, shard=_parse_shard(shard),
-                             pytest_args=tuple(shlex.split(pytest_args)))
-        doc = run_session(config, options)
+                             pytest_args=tuple(shlex.split(pytest_args)), config_path=config_path)
+        doc = run_session(config, options)  # writes the reports while it holds the report dir
     except HarnessError as exc:
         _fail_usage(exc)
-    write_reports(doc, Path(report_dir))
     click.echo(render_table(doc))
     click.echo(f"reports: {Path(report_dir) / 'results.json'}, summary.md, junit.xml, report.html")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
@@ -74,6 +77,19 @@ def run(impl, select, report_dir, workers, device, timeout, no_isolate, shard, p
         with open(step_summary, "a") as fh:
             fh.write((Path(report_dir) / "summary.md").read_text())
     sys.exit(doc["exit_code"])
+
+
+def _check_run_flags(workers: str, timeout: float | None, report_dir: Path, config) -> None:
+    if not (workers in ("auto", "logical") or (workers.isdigit())):
+        raise UsageError(f"-n {workers!r}: expected a number of workers >= 0, or auto")
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise UsageError(f"--timeout {timeout!r}: expected a positive number of seconds per case")
+    where = report_dir.resolve()
+    for protected, what in ((config.goldens, "the golden store"), (config.cases, "the case files")):
+        protected = protected.resolve()
+        if where == protected or protected in where.parents:
+            raise UsageError(f"--report-dir {report_dir} lies inside {what} ({protected}); pick a folder of its own, "
+                             "such as reports/<impl>")
 
 
 def _parse_shard(shard: str | None):
@@ -145,7 +161,7 @@ def verify(config_path):
     try:
         config = _config(config_path)
         problems = run_verify(config)
-        count = len(set(read_manifest(config.goldens)))
+        count = len(set(read_manifest(config.goldens, drop_invalid=True)))
     except HarnessError as exc:
         _fail_usage(exc)
     for case_id, problem in problems.items():

@@ -182,12 +182,14 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     metrics = {
         "numel": expected.numel(),
         "mismatched": over_count + mask_failures,
+        "nonfinite_mismatches": mask_failures,
         "max_abs_err": max_abs,
         "max_ulps": max_ulps,
         "rel_l2": rel_l2,
         "diff_fraction": diff_fraction,
-        "ulps_headroom": (max_ulps / policy.ulps) if policy.ulps else None,
-        "rel_l2_headroom": (rel_l2 / policy.rel_l2) if policy.rel_l2 else None,
+        # no headroom to speak of when non-finite values are misplaced
+        "ulps_headroom": (max_ulps / policy.ulps) if policy.ulps and not mask_failures else None,
+        "rel_l2_headroom": (rel_l2 / policy.rel_l2) if policy.rel_l2 and not mask_failures else None,
     }
     ok = (mask_failures == 0 and over_count == 0 and rel_l2 <= policy.rel_l2
           and diff_fraction <= policy.max_diff_fraction)
@@ -201,8 +203,12 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
             f"  worst element {list(worst)}: actual {_fmt(actual[worst])}, expected {_fmt(expected[worst])}, "
             f"|diff| {float(diff[worst]):.3g} = {float(ulps[worst]):.3g} ulp (allowed {float(bound[worst]):.3g})"
         )
-    header.append(f"  max {max_ulps:.3g} ulp, max |diff| {max_abs:.3g}, rel L2 {rel_l2:.3g} (allowed {policy.rel_l2:g}), "
-                  f"{100 * diff_fraction:.3g}% of elements differ (allowed {100 * policy.max_diff_fraction:.3g}%)")
+    if mask_failures:
+        header.append(f"  {mask_failures} of {expected.numel()} element(s) are NaN, inf or a sentinel on one side only")
+    over_finite = f" over the {counted} element(s) finite on both sides" if mask_failures else ""
+    header.append(f"  max {max_ulps:.3g} ulp, max |diff| {max_abs:.3g}, rel L2 {rel_l2:.3g} (allowed {policy.rel_l2:g})"
+                  f"{over_finite}; {100 * diff_fraction:.3g}% of elements differ (allowed "
+                  f"{100 * policy.max_diff_fraction:.3g}%)")
     if over_count:
         header += _value_table(expected, actual, over)
     return OutputVerdict(name, False, "\n".join(header + lines), metrics)

@@ -8,11 +8,13 @@ in a spawned child process (see `harness.isolation`): a crash or a hang becomes 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import capture
 from .adapters.loader import ImplSpec, instantiate
 from .config import Config, load_config
 from .errors import GoldenError, HarnessError
@@ -28,6 +30,7 @@ class CaseExecutor:
     device: str = "cpu"
     timeout: float = 120.0
     isolate: bool = False
+    run_dir: str | None = None  # the run's private folder (harness.rundir): output capture, children
     _impl: Any = None
     _pool: Any = None
     _manifest_error: str = ""
@@ -47,7 +50,7 @@ class CaseExecutor:
         except GoldenError as exc:
             manifest, problem = {}, str(exc)
         executor = cls(config, spec, manifest, run.get("device", "cpu"), float(run.get("timeout", config.timeout)),
-                       bool(run.get("isolate", False)))
+                       bool(run.get("isolate", False)), run.get("run_dir"))
         executor._manifest_error = problem
         return executor
 
@@ -56,9 +59,19 @@ class CaseExecutor:
             from .ids import split_case_id
 
             return CaseResult(case_id, split_case_id(case_id)[0], "error", f"golden: {self._manifest_error}")
+        output = self._output_file(case_id)
         if self.isolate:
-            return self._isolated(case_id)
-        return run_case(case_id, self.config, self.impl(), self.spec.name, self.manifest, self.spec.conf)
+            return self._isolated(case_id, output)
+        with capture.capture_fds(output) if output else contextlib.nullcontext():
+            result = run_case(case_id, self.config, self.impl(), self.spec.name, self.manifest, self.spec.conf)
+        capture.attach(result, capture.read_text(output))
+        return result
+
+    def _output_file(self, case_id: str) -> str | None:
+        """Where this case's output is captured: `<run dir>/output/<component>__<case>.log`."""
+        if not self.run_dir or not (Path(self.run_dir) / "output").exists():
+            return None
+        return str(Path(self.run_dir) / "output" / (case_id.replace("/", "__") + ".log"))
 
     def impl(self):
         if self._impl is None:
@@ -70,12 +83,12 @@ class CaseExecutor:
             self._impl = impl
         return self._impl
 
-    def _isolated(self, case_id: str) -> CaseResult:
+    def _isolated(self, case_id: str, output: str | None) -> CaseResult:
         if self._pool is None:
             from .isolation import IsolatedWorker
 
             self._pool = IsolatedWorker(self)
-        return self._pool.run(case_id)
+        return self._pool.run(case_id, output)
 
 
 __all__ = ["CaseExecutor", "HarnessError"]

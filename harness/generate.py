@@ -22,9 +22,9 @@ from . import __version__
 from .cases import CaseSpec, load_cases
 from .compare import compare_output
 from .config import Config
-from .errors import GoldenError, HarnessError
+from .errors import GoldenError, HarnessError, UsageError
 from .golden import (
-    SCHEMA_VERSION, Golden, decode, discover, encode, golden_path, load_verified, manifest_entry,
+    MANIFEST, SCHEMA_VERSION, Golden, decode, discover, encode, golden_path, load_verified, manifest_entry,
     read_manifest, write_atomic, write_manifest,
 )
 from . import regenerated
@@ -131,7 +131,12 @@ def generate(config: Config, select: list[str] | None = None, check: bool = Fals
              progress: Callable[[int, int, str], None] | None = None) -> GenerateReport:
     specs = load_cases(config.cases, select)
     report = GenerateReport()
-    manifest = read_manifest(config.goldens)
+    manifest = read_manifest(config.goldens, drop_invalid=True)  # invalid keys are dropped, never followed
+    try:
+        read_manifest(config.goldens)
+        rewrite = False
+    except GoldenError:  # a key that is no case id: the manifest is rewritten without it
+        rewrite = True
     new_manifest = dict(manifest)
     neighbours: dict[str, Golden] = {}
     for i, spec in enumerate(specs):
@@ -165,7 +170,7 @@ def generate(config: Config, select: list[str] | None = None, check: bool = Fals
         if path.exists() and path.read_bytes() == data:
             report.unchanged.append(spec.id)
         else:
-            write_atomic(path, data)
+            _writing(path, lambda: write_atomic(path, data))
             report.written.append(spec.id)
         new_manifest[spec.id] = manifest_entry(config.goldens, spec.id, data)
     if progress:
@@ -177,15 +182,24 @@ def generate(config: Config, select: list[str] | None = None, check: bool = Fals
             if check:
                 report.drift[case_id] = "golden exists but no case spec produces it any more"
                 continue
-            path = golden_path(config.goldens, case_id)
+            path = golden_path(config.goldens, case_id)  # ids are validated: always inside the store
             if path.exists():
-                path.unlink()
+                _writing(path, path.unlink)
             new_manifest.pop(case_id, None)
             report.removed.append(case_id)
-    if not check and (report.written or report.removed or new_manifest != manifest):
+    if not check and (report.written or report.removed or new_manifest != manifest or rewrite):
         changed = {k: v for k, v in new_manifest.items() if manifest.get(k) != v}
-        _merge_manifest(config, changed, set(report.removed))
+        _writing(config.goldens / "MANIFEST.json", lambda: _merge_manifest(config, changed, set(report.removed)))
     return report
+
+
+def _writing(path, write: Callable[[], None]) -> None:
+    """Run `write`; a golden store that cannot be written is a usage error naming the path."""
+    try:
+        write()
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}; `conformance generate` needs a writable "
+                         "golden store (check its permissions, or point `goldens:` in conformance.yaml elsewhere)") from None
 
 
 def _merge_manifest(config: Config, changed: dict, removed: set[str]) -> None:
@@ -196,7 +210,7 @@ def _merge_manifest(config: Config, changed: dict, removed: set[str]) -> None:
     config.goldens.mkdir(parents=True, exist_ok=True)
     with open(config.goldens / ".manifest.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        current = read_manifest(config.goldens)
+        current = read_manifest(config.goldens, drop_invalid=True)
         current.update(changed)
         for case_id in removed:
             current.pop(case_id, None)
@@ -238,8 +252,12 @@ def _drift(path, data: bytes, golden: Golden) -> str:
 
 def verify(config: Config) -> dict[str, str]:
     """case id -> problem, for every golden that fails the manifest or schema check."""
-    manifest = read_manifest(config.goldens)
     problems: dict[str, str] = {}
+    try:
+        manifest = read_manifest(config.goldens)
+    except GoldenError as exc:  # report it, then check what is valid
+        problems[MANIFEST] = str(exc)
+        manifest = read_manifest(config.goldens, drop_invalid=True)
     for case_id in sorted(set(manifest) | set(discover(config.goldens))):
         try:
             golden = load_verified(config.goldens, case_id, manifest)

@@ -23,8 +23,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from .errors import GoldenError
-from .ids import split_case_id
+from .errors import CaseSpecError, GoldenError
+from .ids import check_case_id
 
 SCHEMA_VERSION = 1
 MANIFEST = "MANIFEST.json"
@@ -51,7 +51,12 @@ class Golden:
 
 
 def golden_path(goldens_dir: Path, case_id: str) -> Path:
-    component, case = split_case_id(case_id)
+    """goldens/<component>/<case>.safetensors; a GoldenError for an id that is not well formed,
+    so no manifest entry or case name can point outside the golden store."""
+    try:
+        component, case = check_case_id(case_id)
+    except CaseSpecError as exc:
+        raise GoldenError(str(exc)) from None
     return Path(goldens_dir) / component / f"{case}.safetensors"
 
 
@@ -116,8 +121,10 @@ def sha256(data: bytes) -> str:
 # --- manifest -------------------------------------------------------------------------------
 
 
-def read_manifest(goldens_dir: Path) -> dict[str, dict[str, Any]]:
-    """case id -> {file, sha256, size}. A missing manifest is empty; a corrupt one an error."""
+def read_manifest(goldens_dir: Path, drop_invalid: bool = False) -> dict[str, dict[str, Any]]:
+    """case id -> {file, sha256, size}. A missing manifest is empty; a corrupt one an error, and so
+    is a key that is not a well-formed case id (`drop_invalid`: left out instead, for `generate`,
+    which rewrites the manifest)."""
     path = Path(goldens_dir) / MANIFEST
     if not path.exists():
         return {}
@@ -127,7 +134,19 @@ def read_manifest(goldens_dir: Path) -> dict[str, dict[str, Any]]:
         assert isinstance(entries, dict)
     except (ValueError, KeyError, AssertionError) as exc:
         raise GoldenError(f"{path}: not a valid manifest ({exc}); regenerate with `conformance generate`") from None
-    return entries
+    invalid = sorted(key for key in entries if not _valid_id(key))
+    if invalid and not drop_invalid:
+        raise GoldenError(f"{path}: key(s) {invalid[:5]} are not case ids <component>/<case>; the manifest was edited "
+                          "or corrupted: restore it from git or run `conformance generate`")
+    return {k: v for k, v in entries.items() if k not in invalid}
+
+
+def _valid_id(case_id: str) -> bool:
+    try:
+        check_case_id(case_id)
+    except CaseSpecError:
+        return False
+    return True
 
 
 def write_manifest(goldens_dir: Path, entries: dict[str, dict[str, Any]]) -> None:
@@ -167,5 +186,7 @@ def discover(goldens_dir: Path) -> list[str]:
     root = Path(goldens_dir)
     ids = []
     for path in sorted(root.glob("*/*.safetensors")):
-        ids.append(f"{path.parent.name}/{path.name[: -len('.safetensors')]}")
+        case_id = f"{path.parent.name}/{path.name[: -len('.safetensors')]}"
+        if _valid_id(case_id):
+            ids.append(case_id)
     return ids

@@ -36,6 +36,18 @@ def split_case_id(case_id: str) -> tuple[str, str]:
     return component, case
 
 
+def check_case_id(case_id: str) -> tuple[str, str]:
+    """(component, case) of a well-formed id; CaseSpecError for anything else (an id names a file
+    under the golden store, so `..`, extra slashes and the like never get that far)."""
+    if not isinstance(case_id, str):
+        raise CaseSpecError(f"case id {case_id!r} is not a string")
+    component, case = split_case_id(case_id)
+    if not COMPONENT_RE.match(component) or not CASE_RE.match(case) or case in (".", ".."):
+        raise CaseSpecError(f"invalid case id {case_id!r}: expected <component>/<case> with a dotted lowercase "
+                            "component and a case of letters, digits, '-', '_', '.', '='")
+    return component, case
+
+
 def parse_select(select: str | Iterable[str] | None) -> list[str]:
     """Split a comma separated selection into patterns; empty means everything."""
     if select is None:

@@ -1,6 +1,9 @@
 """Crash- and hang-safe execution: the implementation runs in a spawned child process.
 
-The parent (a pytest worker) sends one case id at a time and waits at most the case timeout.
+The parent (a pytest worker) starts a child and waits for it to load the implementation (its own,
+generous limit: importing torch and a big extension on a loaded machine can take a while), then
+sends one case id at a time and waits at most the case timeout, counted from the moment the child
+receives the case.
 - The child dies (segfault, abort, `os._exit`, out of memory): that case is `crash`, with the exit
   code or signal; a fresh child is started for the next case.
 - No answer in time: the child's whole process group is killed (SIGKILL) and the case is
@@ -8,27 +11,46 @@ The parent (a pytest worker) sends one case id at a time and waits at most the c
 - A sticky CUDA error (the device is unusable after it): the case keeps its status and the child
   is replaced before the next case, so the error is charged to the case that caused it.
 Children are started with the `spawn` method (never `fork`: CUDA and threads do not survive it)
-and put in their own session, so a kill reaches whatever they started.
+and put in their own session, so a kill reaches whatever they started; each is registered with
+the run (`harness.rundir`), which kills every child's process group when the run ends, and dies
+with its parent (Linux `PR_SET_PDEATHSIG`). Everything the implementation prints during a case
+goes to that case's capture file (`harness.capture`), read back even after a crash or a timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
 import time
 from dataclasses import dataclass
 
+from . import capture
 from .ids import split_case_id
+from .rundir import register_child
 from .runner import CaseResult
+
+LOAD_TIMEOUT = 180.0  # seconds a fresh child may take to import torch and load the implementation
 
 STICKY_CUDA_MARKERS = ("CUDA error", "device-side assert", "illegal memory access", "cudaErrorIllegalAddress",
                        "unspecified launch failure", "CUBLAS_STATUS_EXECUTION_FAILED")
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the worker that started it dies (best effort)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _child_main(conn, run_config: dict) -> None:
     """Child loop: build the executor in-process, answer case ids until told to stop."""
     os.setsid()  # own process group: the parent can kill everything this child starts
+    _die_with_parent()
     from .execution import CaseExecutor
 
     executor = CaseExecutor.from_run({**run_config, "isolate": False})
@@ -43,13 +65,16 @@ def _child_main(conn, run_config: dict) -> None:
         conn.send(("ready", ""))
     while True:
         try:
-            case_id = conn.recv()
+            request = conn.recv()
         except EOFError:
             return
-        if case_id is None:
+        if request is None:
             return
-        result = executor.run(case_id)
+        case_id, output = request
+        with capture.capture_fds(output) if output else contextlib.nullcontext():
+            result = executor.run(case_id)
         conn.send(("result", result.to_json()))
+
 
 
 @dataclass
@@ -69,23 +94,30 @@ class IsolatedWorker:
                      "root": executor.spec.root, "conf": executor.spec.conf},
             "device": executor.device,
             "timeout": executor.timeout,
+            "run_dir": executor.run_dir,
         }
         self.child: _Child | None = None
         self.broken = ""
 
-    def run(self, case_id: str) -> CaseResult:
+    def run(self, case_id: str, output: str | None = None) -> CaseResult:
+        """The case's result; what the implementation printed is captured in `output` (a path)."""
+        result = self._run(case_id, output)
+        capture.attach(result, capture.read_text(output))
+        return result
+
+    def _run(self, case_id: str, output: str | None) -> CaseResult:
         component = split_case_id(case_id)[0]
-        start = time.perf_counter()
         if self.child is None:
             self._start()
         if self.broken:
             return CaseResult(case_id, component, "error", f"the implementation could not be loaded in the worker: {self.broken}")
         child = self.child
         try:
-            child.conn.send(case_id)
+            child.conn.send((case_id, output))
         except (BrokenPipeError, OSError):
             self._stop(kill=True)
-            return self.run(case_id)
+            return self._run(case_id, output)
+        start = time.perf_counter()  # the case's clock starts when the child has it
         deadline = start + self.executor.timeout
         while True:
             remaining = deadline - time.perf_counter()
@@ -133,17 +165,20 @@ class IsolatedWorker:
         parent, child = ctx.Pipe()
         process = ctx.Process(target=_child_main, args=(child, self.run_config), daemon=True)
         process.start()
+        register_child(self.run_config.get("run_dir"), process.pid)
         child.close()
         self.child = _Child(process, parent)
         # Wait for the child to load the implementation (import time does not count against a case).
-        if parent.poll(max(60.0, self.executor.timeout)):
+        limit = max(LOAD_TIMEOUT, self.executor.timeout)
+        if parent.poll(limit):
             try:
                 kind, payload = parent.recv()
             except (EOFError, OSError):
                 kind, payload = "broken", "the worker died while loading the implementation"
             self.broken = payload if kind == "broken" else ""
         else:
-            self.broken = "the worker did not finish loading the implementation in time"
+            self.broken = (f"the worker did not finish importing torch and loading the implementation within {limit:g} s "
+                           "(an overloaded machine, or an implementation that hangs while loading)")
 
     def _stop(self, kill: bool) -> None:
         if self.child is None:

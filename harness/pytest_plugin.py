@@ -16,6 +16,7 @@ import pytest
 
 RUN_SUFFIX = ".conformance-run.json"
 RESULT_KEY = "conformance_result"
+MESSAGE_CHARS = 20000
 
 
 class CaseFailed(Exception):
@@ -69,6 +70,8 @@ class CaseItem(pytest.Item):
 
             result = CaseResult(self.name, split_case_id(self.name)[0], "error",
                                 f"harness internal error (please report): {type(exc).__name__}: {exc}")
+        if len(result.message) > MESSAGE_CHARS:  # results.json stays readable whatever was printed
+            result.message = result.message[:MESSAGE_CHARS] + f"\n[... {len(result.message) - MESSAGE_CHARS} more characters]"
         self.user_properties.append((RESULT_KEY, json.dumps(result.to_json())))
         if result.status == "unsupported":
             pytest.skip(result.message)

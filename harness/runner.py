@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import traceback
+from pathlib import Path
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 from . import regenerated
 from .compare import compare_output
 from .adapters.base import Unsupported
+from .adapters.subprocess_adapter import ImplementationError
 from .config import Config
 from .differences import DIFFERENCES
 from .errors import GoldenError, HarnessError
@@ -26,7 +28,7 @@ from .golden import Golden, load_verified
 from .ids import split_case_id
 from .registry import Component, Rederived, components
 
-STATUSES = ("pass", "fail", "error", "crash", "timeout", "unsupported", "xfail", "xpass")
+STATUSES = ("pass", "fail", "error", "crash", "timeout", "unsupported", "xfail", "xpass", "not_run")
 PASSING = ("pass", "xfail", "unsupported")
 
 
@@ -50,6 +52,7 @@ class CaseResult:
     expectation: str = ""
     repro: str = ""
     params: dict[str, Any] = field(default_factory=dict)
+    output: str = ""  # the tail of what the implementation printed during the case
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,11 +133,16 @@ def _execute(component: Component, impl, golden: Golden, params: dict, result: C
         return None
     except StepError as exc:
         result.status, result.message = "error", f"implementation failed at {exc}"
+        if exc.__cause__ is not None:
+            result.message += _implementation_frames(exc.__cause__)
         result.first_divergent_step = exc.step
+        return None
+    except ImplementationError as exc:  # a program behind the subprocess adapter said so
+        result.status, result.message = "error", f"the implementation's program: {exc}"
         return None
     except Exception as exc:
         result.status = "error"
-        result.message = f"implementation raised {_exc_line(exc)}\n{_short_traceback(exc)}"
+        result.message = f"implementation raised {_exc_line(exc)}" + _implementation_frames(exc)
         return None
     if not isinstance(actual, dict):
         result.status, result.message = "error", f"run() returned {type(actual).__name__}, expected a dict of tensors"
@@ -261,7 +269,12 @@ def _exc_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _short_traceback(exc: BaseException, frames: int = 4) -> str:
-    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    tail = "".join(lines[-(frames + 1):]).rstrip()
-    return tail
+def _implementation_frames(exc: BaseException, frames: int = 6) -> str:
+    """The raising code's own frames, innermost last (the harness's frames and the adapters' are
+    left out: they are the same for every implementation)."""
+    harness_dir = str(Path(__file__).resolve().parent)
+    stack = [f for f in traceback.extract_tb(exc.__traceback__) if not str(Path(f.filename).resolve()).startswith(harness_dir)]
+    if not stack:
+        return ""
+    lines = traceback.format_list(stack[-frames:])
+    return "\nTraceback of the implementation (most recent call last):\n" + "".join(lines).rstrip()

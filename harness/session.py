@@ -4,6 +4,7 @@ The results document (`results.json`) is the single source of truth; every rende
 Schema (version 1)::
 
     {schema, impl, impl_kind, device, select, started, duration_s, exit_code,
+     stopped,                    # why the run ended early ('' when it ran to the end), not_run
      versions: {harness, torch, python, platform},
      goldens: {dir, manifest_sha256},
      components: {name: {cases, pass, fail, error, crash, timeout, unsupported, xfail, xpass,
@@ -29,11 +30,13 @@ import hashlib
 import json
 import os
 import platform
+import shlex
+import signal
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,9 +50,12 @@ from .expectations import apply_expectations, load_expectations
 from .golden import MANIFEST, discover, read_manifest
 from .ids import matches, split_case_id
 from .registry import components
+from .rundir import RunDir
 from .runner import STATUSES
 
 RESULTS_SCHEMA = 1
+DEFAULT_REPORT_DIR = "reports/latest"
+NOT_RUN = "not_run"
 
 
 @dataclass
@@ -63,6 +69,22 @@ class RunOptions:
     isolate: bool = True
     shard: tuple[int, int] | None = None
     pytest_args: tuple[str, ...] = ()
+    config_path: str | None = None  # --config as the user gave it (for re-run commands)
+
+    def repro(self, case_id: str) -> str:
+        """The command that re-runs exactly this case the way this run ran it."""
+        parts = ["conformance", "run", "--impl", self.impl, "--select", case_id]
+        if self.config_path:
+            parts += ["--config", self.config_path]
+        if self.device != "cpu":
+            parts += ["--device", self.device]
+        if self.timeout is not None:
+            parts += ["--timeout", f"{self.timeout:g}"]
+        if not self.isolate:
+            parts.append("--no-isolate")
+        if str(self.report_dir) != DEFAULT_REPORT_DIR:
+            parts += ["--report-dir", str(self.report_dir)]
+        return " ".join(shlex.quote(p) for p in parts)
 
 
 def select_case_ids(config: Config, select: list[str]) -> list[str]:
@@ -83,9 +105,16 @@ def shard_ids(ids: list[str], index: int, count: int) -> list[str]:
 
 
 def run(config: Config, options: RunOptions) -> dict:
+    """Run the selected cases, write every report into `options.report_dir`, return results.json.
+
+    The report dir is locked for the whole run (`harness.rundir`); SIGINT and SIGTERM stop the
+    run the way Ctrl-C stops pytest: the cases that finished keep their verdicts, the rest are
+    `not_run`, the reports are written, and every isolation child's process group is killed.
+    """
     import pytest
 
     from .pytest_plugin import RUN_SUFFIX, ResultCollector
+    from .report import write_reports
 
     spec = resolve(options.impl, config)
     impl = instantiate(spec)  # fail fast (exit 2) on an implementation that cannot even be loaded
@@ -100,44 +129,91 @@ def run(config: Config, options: RunOptions) -> dict:
     ids = select_case_ids(config, options.select)
     if options.shard:
         ids = shard_ids(ids, *options.shard)
-    options.report_dir.mkdir(parents=True, exist_ok=True)
-    work = options.report_dir / ".run"
-    work.mkdir(exist_ok=True)
-    run_file = work / f"cases{RUN_SUFFIX}"
-    run_doc = {
-        "token": uuid.uuid4().hex,
-        "config": str(config.path),
-        "impl": {"name": spec.name, "kind": spec.kind, "target": spec.target, "root": spec.root, "conf": spec.conf},
-        "device": options.device,
-        "timeout": options.timeout or config.timeout,
-        "isolate": options.isolate,
-        "cases": ids,
-    }
-    run_file.write_text(json.dumps(run_doc))
-    (work / "pytest.ini").write_text("[pytest]\n")
-    collector = ResultCollector()
-    args = ["-c", str(work / "pytest.ini"), "--rootdir", str(work), "-p", "harness.pytest_plugin",
-            "-p", "no:cacheprovider", "--assert=plain", "-q", "--no-header", "-rN", "--tb=no", str(run_file)]
-    if options.workers not in ("0", ""):
-        args += ["-n", options.workers]
-    args += list(options.pytest_args)
-    started = time.time()
-    if ids:
-        pytest.main(args, plugins=[collector])
-    results = []
-    for case_id in ids:
-        data = collector.results.get(case_id)
-        if data is None:
-            detail = collector.crashed.get(case_id, "no result came back from the worker")
-            data = {"id": case_id, "component": split_case_id(case_id)[0], "status": "crash",
-                    "message": f"the worker running this case died: {detail}", "outputs": {}}
-        results.append(data)
-    stale = apply_expectations(results, expectations)
-    doc = summarise(config, options, spec, results, stale, started)
+    with RunDir(options.report_dir) as run_dir:
+        run_file = run_dir.path / f"cases{RUN_SUFFIX}"
+        run_file.write_text(json.dumps({
+            "token": run_dir.token,
+            "run_dir": str(run_dir.path.resolve()),
+            "config": str(config.path),
+            "impl": {"name": spec.name, "kind": spec.kind, "target": spec.target, "root": spec.root, "conf": spec.conf},
+            "device": options.device,
+            "timeout": options.timeout or config.timeout,
+            "isolate": options.isolate,
+            "cases": ids,
+        }))
+        (run_dir.path / "pytest.ini").write_text("[pytest]\n")
+        collector = ResultCollector()
+        args = ["-c", str(run_dir.path / "pytest.ini"), "--rootdir", str(run_dir.path), "-p", "harness.pytest_plugin",
+                "-p", "no:cacheprovider", "--assert=plain", "-q", "--no-header", "-rN", "--tb=no", str(run_file)]
+        if options.workers not in ("0", ""):
+            args += ["-n", options.workers]
+        args += list(options.pytest_args)
+        started = time.time()
+        stop = StopSignals()
+        with stop:
+            code = pytest.main(args, plugins=[collector]) if ids else pytest.ExitCode.OK
+            run_dir.kill_children()
+            if code == pytest.ExitCode.USAGE_ERROR:
+                raise UsageError(f"pytest refused the arguments {' '.join(args[len(args) - len(options.pytest_args):])!r} "
+                                 "(its message is above); check --pytest-args and -n")
+            if code == pytest.ExitCode.INTERRUPTED and stop.signal is None:
+                stop.signal = signal.SIGINT
+            stopped = _stopped_reason(code, stop.signal, options.pytest_args)
+            results = [_result_of(case_id, collector, stopped, options) for case_id in ids]
+            run_dir.gather_output(ids, {r["id"]: r["status"] for r in results})
+            stale = apply_expectations(results, expectations)
+            doc = summarise(config, options, spec, results, stale, started, stopped, stop.signal)
+            write_reports(doc, options.report_dir)
     return doc
 
 
-def summarise(config: Config, options: RunOptions, spec, results: list[dict], stale: list[str], started: float) -> dict:
+class StopSignals:
+    """While the run lasts, SIGINT and SIGTERM stop pytest the way Ctrl-C does (the first one
+    raises KeyboardInterrupt; later ones are only noted, so the reports still get written)."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum, frame):
+        if self.signal is None:
+            self.signal = signum
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> StopSignals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _stopped_reason(code, signum: int | None, pytest_args: tuple[str, ...]) -> str:
+    """Why cases may have been left out: '' when the run went to the end."""
+    if signum is not None:
+        return f"the run was interrupted by {signal.Signals(signum).name}"
+    if int(code) == 1 and any(a in ("-x", "--exitfirst") or a.startswith("--maxfail") for a in pytest_args):
+        return "the run stopped at the first failure (-x / --maxfail in --pytest-args)"
+    return ""
+
+
+def _result_of(case_id: str, collector, stopped: str, options: RunOptions) -> dict:
+    data = collector.results.get(case_id)
+    if data is None and case_id in collector.crashed:
+        data = {"id": case_id, "component": split_case_id(case_id)[0], "status": "crash",
+                "message": f"the worker running this case died: {collector.crashed[case_id]}", "outputs": {}}
+    if data is None:
+        why = stopped or "the run ended before this case was handed to a worker"
+        data = {"id": case_id, "component": split_case_id(case_id)[0], "status": NOT_RUN,
+                "message": f"not run: {why}; this says nothing about the implementation", "outputs": {}}
+    data["repro"] = options.repro(case_id)
+    return data
+
+
+def summarise(config: Config, options: RunOptions, spec, results: list[dict], stale: list[str], started: float,
+              stopped: str = "", signum: int | None = None) -> dict:
     registry = components()
     per_component: dict[str, dict] = {}
     counts = [d.count for d in DIFFERENCES]
@@ -153,24 +229,30 @@ def summarise(config: Config, options: RunOptions, spec, results: list[dict], st
     names = sorted(set(per_component) | (set(registry) if full_run else set()))
     for name in names:
         entry = per_component.setdefault(name, empty())
-        executed = entry["cases"] - entry["unsupported"]
+        executed = entry["cases"] - entry["unsupported"] - entry[NOT_RUN]
         floor = config.floor(registry[name]) if name in registry else 1
         entry["floor"] = floor
-        all_unsupported = entry["cases"] > 0 and executed == 0
-        entry["floor_ok"] = all_unsupported or not full_run or executed >= floor
+        all_unsupported = entry["cases"] > 0 and executed == 0 and entry[NOT_RUN] == 0
+        entry["floor_ok"] = all_unsupported or not full_run or bool(stopped) or executed >= floor
         if not entry["floor_ok"]:
             problems.append(f"{name}: ran {executed} case(s), fewer than its floor of {floor}")
         bad = sum(entry[s] for s in ("fail", "error", "crash", "timeout", "xpass"))
         if all_unsupported:
             entry["verdict"] = "unsupported"
+        elif bad == 0 and entry[NOT_RUN] and not executed:
+            entry["verdict"] = NOT_RUN
         else:
-            entry["verdict"] = "pass" if bad == 0 and entry["floor_ok"] else "fail"
-    executed_total = sum(1 for r in results if r["status"] != "unsupported")
-    if executed_total == 0:
+            entry["verdict"] = "pass" if bad == 0 and entry["floor_ok"] and not entry[NOT_RUN] else "fail"
+    executed_total = sum(1 for r in results if r["status"] not in ("unsupported", NOT_RUN))
+    if executed_total == 0 and not stopped:
         problems.append("no case was executed (nothing selected, no goldens, or nothing supported): "
                         "a run that judges nothing does not pass")
-    failed = any(r["status"] not in ("pass", "xfail", "unsupported") for r in results)
+    failed = any(r["status"] not in ("pass", "xfail", "unsupported", NOT_RUN) for r in results)
     exit_code = 1 if failed or problems else 0
+    if signum is not None:
+        exit_code = 128 + int(signum)  # 130 after SIGINT, 143 after SIGTERM
+    elif stopped and not failed:
+        exit_code = 1
     manifest_path = config.goldens / MANIFEST
     return {
         "schema": RESULTS_SCHEMA,
@@ -188,6 +270,8 @@ def summarise(config: Config, options: RunOptions, spec, results: list[dict], st
                     "manifest_sha256": hashlib.sha256(manifest_path.read_bytes()).hexdigest() if manifest_path.exists() else None},
         "components": dict(sorted(per_component.items())),
         "problems": problems,
+        "stopped": stopped,
+        "not_run": sum(1 for r in results if r["status"] == NOT_RUN),
         "stale_expectations": stale,
         "cases": sorted(results, key=lambda r: r["id"]),
     }

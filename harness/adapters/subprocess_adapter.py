@@ -65,6 +65,8 @@ class SubprocessAdapter:
         self.call_timeout = call_timeout
         self._supports = set(supports) if supports is not None else None
         self._server: subprocess.Popen | None = None
+        self._stderr = None  # the batch process's stderr file
+        self._stderr_read = 0
         self._tmp = tempfile.TemporaryDirectory(prefix="conformance-io-")
         self._count = 0
 
@@ -95,12 +97,18 @@ class SubprocessAdapter:
         save_file(tensors, str(in_path), metadata={"component": component, "params": json.dumps(params)})
         try:
             if self.batch:
-                self._request(component, in_path, out_path)
+                try:
+                    self._request(component, in_path, out_path)
+                finally:
+                    self._forward_stderr()
             else:
                 proc = subprocess.run([*self.command, "run", component, str(in_path), str(out_path)],
-                                      capture_output=True, text=True, cwd=self.root)
+                                      capture_output=True, cwd=self.root)
+                _forward(1, proc.stdout)
+                _forward(2, proc.stderr)
                 if proc.returncode != 0:
-                    raise ImplementationError(f"exited with code {proc.returncode}: {proc.stderr.strip()[-1000:]}")
+                    stderr = proc.stderr.decode("utf-8", "replace").strip()
+                    raise ImplementationError(f"exited with code {proc.returncode}: {stderr[-1000:]}")
             if not out_path.exists():
                 raise ImplementationError(f"wrote no output file {out_path.name}")
             return load_file(str(out_path))
@@ -111,8 +119,11 @@ class SubprocessAdapter:
 
     def _request(self, component: str, in_path: Path, out_path: Path) -> None:
         if self._server is None or self._server.poll() is not None:
+            # stderr goes to a file of its own; after each request the new part is copied to this
+            # process's stderr, so it lands in the capture of the case that caused it
+            self._stderr = open(Path(self._tmp.name) / "serve.stderr", "ab+")
             self._server = subprocess.Popen([*self.command, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            stderr=None, text=True, bufsize=1, cwd=self.root)
+                                            stderr=self._stderr, text=True, bufsize=1, cwd=self.root)
         server = self._server
         try:
             server.stdin.write(f"run {component} {in_path} {out_path}\n")
@@ -129,21 +140,50 @@ class SubprocessAdapter:
             return
         if line.startswith("error"):
             raise ImplementationError(line[5:].strip() or "error")
-        raise ImplementationError(f"protocol error: expected 'ok' or 'error <message>', got {line[:200]!r}")
+        # Its answers no longer line up with the requests: start a fresh process for the next case.
+        self.close(kill=True)
+        raise ImplementationError(f"this case broke the protocol: the batch process answered {line[:200]!r} instead of "
+                                  "'ok' or 'error <message>' (anything else on stdout breaks it); the process was "
+                                  "restarted for the next case")
 
-    def close(self) -> None:
+    def _forward_stderr(self) -> None:
+        """Copy what the batch process wrote to stderr since the last request to our stderr."""
+        if self._stderr is None:
+            return
+        self._stderr.seek(self._stderr_read)
+        data = self._stderr.read()
+        self._stderr_read += len(data)
+        _forward(2, data)
+
+    def close(self, kill: bool = False) -> None:
         if self._server is not None and self._server.poll() is None:
             try:
+                if kill:
+                    raise ProcessLookupError
                 self._server.stdin.close()
                 self._server.wait(timeout=5)
             except Exception:
                 self._server.kill()
+                self._server.wait()
         self._server = None
+        if self._stderr is not None:
+            self._forward_stderr()
+            self._stderr.close()
+            self._stderr, self._stderr_read = None, 0
 
     def __del__(self):
         try:
             self.close()
         except Exception:
+            pass
+
+
+def _forward(fd: int, data: bytes) -> None:
+    """Write a program's output to our own fd 1 or 2 (captured per case; see harness.capture)."""
+    if data:
+        try:
+            os.write(fd, data)
+        except OSError:
             pass
 
 

@@ -14,12 +14,14 @@ __all__ = ["render_table", "render_summary", "render_junit", "render_html", "wri
 
 
 def write_reports(doc: dict, report_dir: Path) -> None:
+    """Every format, each file replaced atomically (a reader never sees half a report)."""
+    from ..golden import write_atomic
+
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
-    (report_dir / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (report_dir / "summary.md").write_text(render_summary(doc))
-    (report_dir / "junit.xml").write_text(render_junit(doc))
-    (report_dir / "report.html").write_text(render_html(doc))
+    for name, text in (("results.json", json.dumps(doc, indent=1) + "\n"), ("summary.md", render_summary(doc)),
+                       ("junit.xml", render_junit(doc)), ("report.html", render_html(doc))):
+        write_atomic(report_dir / name, text.encode("utf-8"))
 
 
 def read_results(report_dir: Path) -> dict:

@@ -9,13 +9,17 @@ from html import escape
 
 from ..differences import DIFFERENCES
 from .table import COLUMNS
+from .text import clean
+
+PRE_CHARS = 20000  # per message block; results.json keeps everything
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}
 td:first-child,th:first-child{text-align:left}.pass{color:#060}.fail,.error,.crash,.timeout,.xpass{color:#b00;font-weight:bold}
-.unsupported,.xfail{color:#666}pre{background:#f6f6f6;padding:8px;overflow:auto;font-size:90%}
+.unsupported,.xfail,.not_run{color:#666}pre{background:#f6f6f6;padding:8px;overflow:auto;font-size:90%}
 details{margin:4px 0}section{margin-top:2em}"""
-ORDER = {"fail": 0, "error": 0, "crash": 0, "timeout": 0, "xpass": 0, "xfail": 1, "unsupported": 2, "pass": 3}
+ORDER = {"fail": 0, "error": 0, "crash": 0, "timeout": 0, "xpass": 0, "xfail": 1, "not_run": 2, "unsupported": 2,
+         "pass": 3}
 
 
 def render_html(doc: dict) -> str:
@@ -26,7 +30,9 @@ def render_html(doc: dict) -> str:
            f"<p>device {escape(doc['device'])} · torch {escape(doc['versions']['torch'])} · harness "
            f"{escape(doc['versions']['harness'])} · {len(doc['cases'])} cases · {doc['duration_s']} s</p>"]
     for problem in doc.get("problems", []):
-        out.append(f"<p class='fail'>Problem: {escape(problem)}</p>")
+        out.append(f"<p class='fail'>Problem: {escape(clean(problem))}</p>")
+    if doc.get("stopped"):
+        out.append(f"<p class='fail'>Stopped: {escape(doc['stopped'])}; {doc.get('not_run', 0)} case(s) not run</p>")
     out.append("<table><tr><th>component</th><th>verdict</th><th>cases</th>" + "".join(f"<th>{c}</th>" for c in COLUMNS)
                + "".join(f"<th>{d.label}</th>" for d in DIFFERENCES) + "</tr>")
     comps = sorted(doc["components"].items(), key=lambda kv: (kv[1]["verdict"] != "fail", kv[0]))
@@ -49,11 +55,13 @@ def render_html(doc: dict) -> str:
                 shown = ", ".join(f"{k}={v}" for k, v in case["params"].items())
                 out.append(f"<p>params: <code>{escape(shown[:600])}</code></p>")
             if case.get("message"):
-                out.append(f"<pre>{escape(case['message'])}</pre>")
+                out.append(f"<pre>{escape(clean(case['message'], PRE_CHARS))}</pre>")
             for d in DIFFERENCES:
                 if case.get(d.example) and case["status"] == "pass":
                     out.append(f"<p>{case.get(d.count, 0)} {escape(d.what)} (accepted):</p>"
-                               f"<pre>{escape(case[d.example])}</pre>")
+                               f"<pre>{escape(clean(case[d.example], PRE_CHARS))}</pre>")
+            if case.get("output") and case["status"] not in ("crash", "error", "fail", "timeout"):
+                out.append(f"<p>the implementation printed (tail):</p><pre>{escape(clean(case['output']))}</pre>")
             if case.get("expectation"):
                 out.append(f"<p>{escape(case['expectation'])}</p>")
             if case.get("outputs"):
@@ -64,7 +72,7 @@ def render_html(doc: dict) -> str:
                     out.append(f"<tr><td>{escape(out_name)}</td><td>{'yes' if m.get('ok') else 'no'}</td>"
                                f"<td>{escape(str(m.get('policy', '')))}</td><td>{escape(metrics)}</td></tr>")
                     if m.get("note"):
-                        out.append(f"<tr><td></td><td colspan='3'><pre>{escape(m['note'])}</pre></td></tr>")
+                        out.append(f"<tr><td></td><td colspan='3'><pre>{escape(clean(m['note'], PRE_CHARS))}</pre></td></tr>")
                 out.append("</table>")
             if case.get("repro"):
                 out.append(f"<p>re-run: <code>{escape(case['repro'])}</code></p>")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from ..differences import DIFFERENCES
-from .table import COLUMNS
+from .table import BAD, COLUMNS
+from .text import clean, failing_lines
 
 MAX_FAILURES = 20
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ").replace("<", "&lt;").replace(">", "&gt;")
+def _cell(text: str, limit: int = 300) -> str:
+    return clean(text, limit).replace("|", "\\|").replace("\n", " ").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def render_summary(doc: dict) -> str:
@@ -22,14 +23,16 @@ def render_summary(doc: dict) -> str:
     for name, e in doc["components"].items():
         cells = [str(e.get(c, 0)) for c in COLUMNS] + [str(e.get(d.count, 0)) for d in DIFFERENCES]
         lines.append(f"| `{name}` | {e['verdict']} | {e['cases']} | " + " | ".join(cells) + " |")
-    bad = [c for c in doc["cases"] if c["status"] in ("fail", "error", "crash", "timeout", "xpass")]
+    bad = [c for c in doc["cases"] if c["status"] in BAD]
     if bad:
         lines += ["", f"### {len(bad)} case(s) did not pass", ""]
         for case in bad[:MAX_FAILURES]:
-            first = (case.get("message") or "").strip().splitlines()[:1]
-            lines.append(f"- **{case['status']}** `{case['id']}`: {_cell(first[0]) if first else ''}")
+            first = failing_lines(case, most=3)
+            lines.append(f"- **{case['status']}** `{case['id']}`: {_cell('; '.join(first), 600)}")
         if len(bad) > MAX_FAILURES:
             lines.append(f"- … and {len(bad) - MAX_FAILURES} more (see report.html)")
-    for problem in doc.get("problems", []):
+    if doc.get("stopped"):
+        lines.append(f"- **stopped**: {_cell(doc['stopped'])}; {doc.get('not_run', 0)} case(s) not run")
+    for problem in doc.get("problems", [])[:MAX_FAILURES]:
         lines.append(f"- **problem**: {_cell(problem)}")
     return "\n".join(lines) + "\n"

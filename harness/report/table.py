@@ -1,11 +1,13 @@
-"""The per-component terminal table."""
+"""The per-component terminal table, then what did not pass and what was accepted."""
 
 from __future__ import annotations
 
 from ..differences import DIFFERENCES
+from .text import clean, failing_lines
 
-COLUMNS = ("pass", "fail", "error", "crash", "timeout", "unsupported", "xfail", "xpass")
-SHORT = {"unsupported": "unsup"}
+COLUMNS = ("pass", "fail", "error", "crash", "timeout", "unsupported", "xfail", "xpass", "not_run")
+SHORT = {"unsupported": "unsup", "not_run": "not run"}
+BAD = ("fail", "error", "crash", "timeout", "xpass")
 
 
 def render_table(doc: dict, failures: int = 5) -> str:
@@ -16,27 +18,31 @@ def render_table(doc: dict, failures: int = 5) -> str:
                     + [str(entry.get(d.count) or ".") for d in DIFFERENCES])
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
-    lines = [f"impl {doc['impl']} ({doc['impl_kind']}, device {doc['device']}): "
-             f"{'PASS' if doc['exit_code'] == 0 else 'FAIL'}", fmt(head), fmt(["-" * w for w in widths])]
+    verdict = "PASS" if doc["exit_code"] == 0 else ("STOPPED" if doc.get("stopped") else "FAIL")
+    lines = [f"impl {doc['impl']} ({doc['impl_kind']}, device {doc['device']}): {verdict}", fmt(head),
+             fmt(["-" * w for w in widths])]
     lines += [fmt(r) for r in rows]
-    bad = [c for c in doc["cases"] if c["status"] in ("fail", "error", "crash", "timeout", "xpass")]
+    bad = [c for c in doc["cases"] if c["status"] in BAD]
     if bad:
         lines.append("")
         lines.append(f"{len(bad)} case(s) did not pass" + (f"; first {failures}:" if len(bad) > failures else ":"))
         for case in bad[:failures]:
-            first = (case.get("message") or "").strip().splitlines()[:4]
             lines.append(f"  {case['status'].upper()} {case['id']}")
-            lines += [f"      {line}" for line in first]
+            lines += [f"      {line}" for line in failing_lines(case)]
             lines.append(f"      re-run: {case.get('repro', '')}")
     for d in DIFFERENCES:
         shown = [c for c in doc["cases"] if c.get(d.count)]
         if shown:
             lines.append("")
             lines.append(f"{sum(c[d.count] for c in shown)} {d.what} in {len(shown)} case(s); e.g. {shown[0]['id']}:")
-            example = (shown[0].get(d.example) or shown[0].get("message") or "").strip().splitlines()
+            example = clean(shown[0].get(d.example) or shown[0].get("message") or "").strip().splitlines()
             lines += [f"      {line}" for line in example[:8]]
+    if doc.get("stopped"):
+        lines.append("")
+        lines.append(f"STOPPED: {doc['stopped']}; {doc.get('not_run', 0)} case(s) not run (they count for nothing, "
+                     "neither pass nor fail)")
     for problem in doc.get("problems", []):
-        lines.append(f"PROBLEM: {problem}")
+        lines.append(f"PROBLEM: {clean(problem)}")
     for stale in doc.get("stale_expectations", []):
-        lines.append(f"note: expectation matched no case: {stale}")
+        lines.append(f"note: expectation matched no case: {clean(stale)}")
     return "\n".join(lines) + "\n"
