@@ -56,12 +56,12 @@ class BlockFormat:
 
     def scale_bytes(self, s: torch.Tensor) -> torch.Tensor:
         if self.scale_is_pow2:
-            return ((s.contiguous().view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
+            return nx.e8m0_byte(s)
         return s.to(torch.float8_e4m3fn).view(torch.uint8)
 
     def scale_of_bytes(self, b: torch.Tensor) -> torch.Tensor:
         if self.scale_is_pow2:
-            return (b.to(torch.int32) << 23).view(torch.float32)
+            return nx.e8m0_value(b)
         return b.contiguous().view(torch.float8_e4m3fn).float()
 
     def codes(self, v: torch.Tensor) -> torch.Tensor:

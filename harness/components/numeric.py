@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import CaseSpecError
+from ..reference import fp8_linear as fp8
 from ..reference import numerics as nx
 from ..registry import Component, OutputSpec, register
 from .build import dtype_of, need, normal, tile_to, uniform
@@ -175,4 +176,52 @@ register(Component(
     build=_norm_inputs,
     reference=lambda inputs, params: {"y": nx.rms_norm(inputs["x"], inputs["weight"], float(params.get("eps", 1e-20)))},
     floor=3,
+))
+
+
+# --- linear.fp8 -----------------------------------------------------------------------------
+
+
+def _fp8_linear_inputs(params, build, gen):
+    m, k, n = (int(v) for v in need(build, "mkn", "linear.fp8"))
+    if k % fp8.BLOCK:
+        raise CaseSpecError(f"linear.fp8: K = {k} is not a multiple of the block {fp8.BLOCK}")
+    kind = build.get("kind", "normal")
+    x = randn((m, k), generator=gen) * float(build.get("x_scale", 1.0))  # float64
+    blocks = x.view(m, k // fp8.BLOCK, fp8.BLOCK)
+    if kind == "zero_tiny":  # all-zero blocks (one of them -0), and blocks far below the amax floor
+        blocks[:, 0::3] = 0.0
+        blocks[0, 0, 0] = -0.0
+        blocks[:, 1::3] *= 1e-7
+    elif kind == "saturating":  # block maxima exactly 448 * 2^j: the largest code, 0x7e
+        blocks /= blocks.abs().amax(-1, keepdim=True)
+        blocks *= 448.0 * 2.0 ** torch.randint(-8, 8, (m, k // fp8.BLOCK, 1), generator=gen).double()
+    elif kind != "normal":
+        raise CaseSpecError(f"linear.fp8: unknown build kind {kind!r} (normal, zero_tiny, saturating)")
+    w = randn((n, k), generator=gen) * float(build.get("w_scale", k ** -0.5))
+    if kind == "saturating":
+        w[:, ::7] *= 64.0  # tiles whose maxima dwarf their other values
+    weight = fp8.quantise_weight(w)
+    return {"x": x.to(torch.bfloat16), "weight": weight.codes, "weight_scale": weight.scale_bytes}
+
+
+def _fp8_linear_reference(inputs, params):
+    result = fp8.linear_fp8(inputs["x"], fp8.Fp8Weight(inputs["weight"], inputs["weight_scale"]))
+    return {"y": result.y, "x_codes": result.x_codes, "x_scale_bytes": result.x_scale_bytes}
+
+
+register(Component(
+    name="linear.fp8",
+    summary="fp8 Linear: act_quant(x, 32, ue8m0), then per K block of 32 the fp8 products summed in fp32, "
+            "times both scales, accumulated in fp32; bf16 out",
+    upstream="M:181-207 (linear), K41:41-113 (act_quant), K41:202-293 (fp8_gemm); §6.4",
+    inputs=("x", "weight", "weight_scale"),
+    outputs=(OutputSpec("y", "bf16", "bf16 [M, N]"),
+             OutputSpec("x_codes", "exact", "uint8 [M, K]: the input's e4m3 codes after act_quant (block 32)"),
+             OutputSpec("x_scale_bytes", "exact", "uint8 [M, K/32]: the input's e8m0 block scales")),
+    build=_fp8_linear_inputs,
+    reference=_fp8_linear_reference,
+    floor=4,
+    notes="x bf16 [M, K]; weight uint8 [N, K] float8_e4m3fn bit patterns; weight_scale uint8 [ceil(N/32), K/32] "
+          "e8m0 tile scales (2^(byte-127)), one per 32 x 32 tile (the last row block of a ragged N is partial).",
 ))

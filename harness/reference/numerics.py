@@ -245,7 +245,7 @@ def fp4_qdq_e8m0(x: torch.Tensor, block: int = 32) -> QuantResult:
     amax = xg.abs().amax(dim=-1).clamp_min(FP4_E8M0_AMAX_FLOOR)  # [..., nb]
     s = pow2_ceil(amax * FP4_MAX_INV)
     codes, y = _fp4_codes_and_y(xg, s)
-    return QuantResult(y, codes, _e8m0_byte(s), s)
+    return QuantResult(y, codes, e8m0_byte(s), s)
 
 
 def fp8_qdq_ue8m0(x: torch.Tensor, block: int = 32) -> QuantResult:
@@ -260,10 +260,15 @@ def fp8_qdq_ue8m0(x: torch.Tensor, block: int = 32) -> QuantResult:
     s = pow2_ceil(amax * FP8_MAX_INV)
     q8 = (xg / s.unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     y = (q8.to(torch.float32) * s.unsqueeze(-1)).flatten(-2).to(torch.bfloat16)
-    return QuantResult(y, q8.view(torch.uint8).flatten(-2), _e8m0_byte(s), s)
+    return QuantResult(y, q8.view(torch.uint8).flatten(-2), e8m0_byte(s), s)
 
 
-def _e8m0_byte(s: torch.Tensor) -> torch.Tensor:
+def e8m0_value(scale_bytes: torch.Tensor) -> torch.Tensor:
+    """uint8 e8m0 bytes -> fp32 powers of two 2^(byte - 127) (bytes 1..254)."""
+    return (scale_bytes.to(torch.int32) << 23).view(torch.float32)
+
+
+def e8m0_byte(s: torch.Tensor) -> torch.Tensor:
     """Power-of-two fp32 scales -> e8m0 bytes (the fp32 exponent field; value 2^(byte-127))."""
     return ((s.contiguous().view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
 

@@ -573,6 +573,20 @@ def _sparse_attn(inputs, params):
                              float(params["softmax_scale"]))}
 
 
+def fp8_weight64(codes: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:
+    """float64 [N, K]: e4m3 codes times their 32 x 32 tile scales (exact)."""
+    n, k = codes.shape
+    tile = ((scale_bytes.long() - 127).double().exp2()).repeat_interleave(FP8_BLOCK, 0)[:n]
+    return codes.view(torch.float8_e4m3fn).double() * tile.repeat_interleave(FP8_BLOCK, 1)
+
+
+def _linear_fp8(inputs, params):
+    """act_quant as the kernel decides it, then the whole GEMM in float64, one rounding to bf16."""
+    q = fp8_ue8m0(inputs["x"])
+    y = round_bf16(linear64(q.y, fp8_weight64(inputs["weight"], inputs["weight_scale"])))
+    return {"y": y, "x_codes": q.codes, "x_scale_bytes": q.scale_bytes}
+
+
 def _attention(inputs, params):
     """The reference's bookkeeping with every arithmetic helper swapped for its float64 version."""
     with mock.patch.multiple(ref_attention, **ATTENTION_ARITHMETIC):
@@ -580,6 +594,7 @@ def _attention(inputs, params):
 
 
 HANDLERS = {
+    "linear.fp8": _linear_fp8,
     "rope.yarn_table": _yarn_table,
     "rope.apply": _rope_apply,
     "norm.rms": _norm,

@@ -160,7 +160,13 @@ def compressor(inputs, params):
 
 # --- the implementation ------------------------------------------------------------------------
 
+def linear_fp8(inputs, params):
+    y, q = up.fp8_linear(inputs["x"], inputs["weight"], inputs["weight_scale"])
+    return {"y": y, "x_codes": q.codes, "x_scale_bytes": q.scale_bytes}
+
+
 HANDLERS = {
+    "linear.fp8": linear_fp8,
     "rope.yarn_table": rope_yarn_table,
     "rope.apply": rope_apply,
     "quant.e2m1": quant_e2m1,

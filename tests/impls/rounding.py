@@ -46,3 +46,33 @@ class NearTieScores(ReferenceAdapter):
 
         with patched(ix, "index_scores", one_ulp_apart):
             return super().run(component, inputs, params)
+
+
+class NarrowAccumulatorFp8(ReferenceAdapter):
+    """linear.fp8 as an fp8 tensor core may compute it: each K block's 32 products summed one by
+    one in a 14-bit truncating accumulator, then scaled and added in fp32 (a correct kernel)."""
+
+    def run(self, component, inputs, params):
+        if component != "linear.fp8":
+            return super().run(component, inputs, params)
+        from harness.reference import fp8_linear as fp8
+        from harness.reference import numerics as nx
+
+        q = nx.fp8_qdq_ue8m0(inputs["x"])
+        codes, scales = inputs["weight"], inputs["weight_scale"]
+        n, k = codes.shape
+        qa, qw = fp8.e4m3_value(q.codes).double(), fp8.e4m3_value(codes).double()
+        sw = nx.e8m0_value(scales).repeat_interleave(fp8.BLOCK, 0)[:n]
+        acc = torch.zeros(qa.shape[0], n)
+        for kb in range(k // fp8.BLOCK):
+            block = torch.zeros(qa.shape[0], n, dtype=torch.float64)
+            for c in range(kb * fp8.BLOCK, (kb + 1) * fp8.BLOCK):
+                block = _truncate(block + qa[:, c : c + 1] * qw[:, c][None, :], 14)
+            acc = acc + block.float() * q.scales[:, kb : kb + 1] * sw[:, kb][None, :]
+        return {"y": acc.to(torch.bfloat16), "x_codes": q.codes, "x_scale_bytes": q.scale_bytes}
+
+
+def _truncate(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """x rounded toward zero to `bits` fraction bits."""
+    mantissa, exponent = torch.frexp(x)
+    return torch.ldexp(torch.trunc(mantissa * 2.0**bits) / 2.0**bits, exponent)

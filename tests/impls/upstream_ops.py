@@ -150,6 +150,23 @@ def act_quant(x: torch.Tensor, block: int = FP8_BLOCK) -> Quantised:
     return Quantised(y, q.view(torch.uint8).flatten(-2), e8m0_byte(scale))
 
 
+def fp8_linear(x: torch.Tensor, w_codes: torch.Tensor, w_scale_bytes: torch.Tensor) -> tuple[torch.Tensor, Quantised]:
+    """`linear()` with an fp8 weight (M:181-207): act_quant, then fp8_gemm (K41:202-293) in fp32
+    torch ops: per K block of 32 an fp32 matmul of the e4m3 values (torch's order), times the
+    activation and tile scales, added to an fp32 accumulator; bf16 out. Returns (y, the act_quant)."""
+    q = act_quant(x)
+    n, k = w_codes.shape
+    qa = q.codes.view(torch.float8_e4m3fn).float().reshape(-1, k)
+    qw = w_codes.view(torch.float8_e4m3fn).float()
+    sa = (q.scale_bytes.to(torch.int32) << 23).view(torch.float32).reshape(-1, k // FP8_BLOCK)
+    sw = (w_scale_bytes.to(torch.int32) << 23).view(torch.float32).repeat_interleave(FP8_BLOCK, dim=0)[:n]
+    acc = torch.zeros(qa.shape[0], n)
+    for kb in range(k // FP8_BLOCK):
+        cols = slice(kb * FP8_BLOCK, (kb + 1) * FP8_BLOCK)
+        acc += (qa[:, cols] @ qw[:, cols].T) * sa[:, kb : kb + 1] * sw[:, kb]
+    return acc.reshape(*x.shape[:-1], n).to(torch.bfloat16), q
+
+
 def fp4_act_quant_e8m0(x: torch.Tensor, block: int = FP4_BLOCK) -> Quantised:
     """fp4_act_quant with E8M0 scales (K41:163-170): s = pow2_ceil(amax * fp32(1/6))."""
     xb = x.float().unflatten(-1, (-1, block))

@@ -1,0 +1,118 @@
+"""The fp8 Linear of the production checkpoint: `act_quant` of the bf16 input, then the
+block-scaled fp8 GEMM (`model.py` `linear()` M:181-207; `kernel.py` `act_quant` K41:41-113 and
+`fp8_gemm` K41:202-293; docs/v41-reference.md §6.4, §11 item 9).
+
+With `ModelArgs.dtype = "fp8"` (upstream's default) every attention Linear declared without an
+explicit dtype holds float8_e4m3fn weights with one power-of-two (e8m0) scale per 32 x 32 tile:
+`wq_a`, attention `wq_b`, `wkv`, `wo_b` and the indexer's `wq_b`. Such a Linear:
+
+1. quantises its bf16 input per row in blocks of 32 along K: `act_quant(x, 32, "ue8m0")`
+   (`numerics.fp8_qdq_ue8m0`: e4m3 codes `qa` and power-of-two scales `sa[m, kb]`);
+2. for each K block kb of 32, in order: the 32 products qa[m, k] * qw[n, k] of fp8 values, summed
+   in fp32, times sa[m, kb] * sw[n // 32, kb], added to an fp32 accumulator;
+3. rounds the accumulator to bf16 (the default dtype).
+
+Portability: a product of two e4m3 values has at most 8 significant bits and lies in
+[2^-18, 2^17.6], so the float64 sum of a block's 32 products is exact in any order; rounding it
+once to fp32 gives the block sum of an ideal fp32 accumulator on every machine. Scaling by powers
+of two is exact, and the accumulation over K blocks is a fixed sequence of fp32 additions, so the
+result is bit-identical on every CPU. A GPU's tensor cores sum a block in their own order (and on
+some parts with fewer bits): the `y` tolerance absorbs that (conformance.yaml, linear.fp8).
+
+Weights are stored as the checkpoint stores them: uint8 e4m3 bit patterns [N, K] and uint8 e8m0
+scale bytes [ceil(N / 32), K / 32] (2^(byte - 127)).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from harness.reference import numerics as nx
+
+BLOCK = 32  # fp8_block_size (M:23-30): activation blocks and weight tiles are 32 wide
+
+
+class Fp8Weight(NamedTuple):
+    """An fp8 Linear's weight as the checkpoint holds it.
+
+    codes:       uint8 [N, K], float8_e4m3fn bit patterns.
+    scale_bytes: uint8 [ceil(N / 32), K / 32], e8m0 biased exponents of the tile scales.
+    """
+
+    codes: torch.Tensor
+    scale_bytes: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)
+
+
+class Fp8LinearResult(NamedTuple):
+    """y bf16 [..., N]; the quantised activation: x_codes uint8 [..., K] (e4m3 bits) and
+    x_scale_bytes uint8 [..., K / 32] (e8m0)."""
+
+    y: torch.Tensor
+    x_codes: torch.Tensor
+    x_scale_bytes: torch.Tensor
+
+
+def e4m3_value(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 float8_e4m3fn bit patterns -> fp32 values."""
+    return codes.contiguous().view(torch.float8_e4m3fn).float()
+
+
+def quantise_weight(w: torch.Tensor) -> Fp8Weight:
+    """A checkpoint-style fp8 weight from real values [N, K] (K a multiple of 32): per 32 x 32 tile,
+    scale = pow2_ceil(amax * fp32(1/448)) (amax floored at 1e-4, as act_quant), codes = e4m3(w / s).
+    Tiles of a ragged last row block hold fewer than 32 rows."""
+    n, k = w.shape
+    if k % BLOCK:
+        raise ValueError(f"fp8 weights need K a multiple of {BLOCK}, got [{n}, {k}]")
+    rows = -(-n // BLOCK)
+    wf = w.float()
+    padded = torch.zeros(rows * BLOCK, k, dtype=torch.float32)
+    padded[:n] = wf
+    tiles = padded.view(rows, BLOCK, k // BLOCK, BLOCK)  # [row block, r, k block, c]
+    amax = tiles.abs().amax(dim=(1, 3)).clamp_min(nx.FP8_AMAX_FLOOR)  # [rows, K/32]
+    s = nx.pow2_ceil(amax * nx.FP8_MAX_INV)
+    scaled = tiles / s[:, None, :, None]
+    codes = scaled.clamp(-nx.E4M3_MAX, nx.E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    return Fp8Weight(codes.reshape(rows * BLOCK, k)[:n].contiguous(), nx.e8m0_byte(s))
+
+
+def dequantise_weight(weight: Fp8Weight) -> torch.Tensor:
+    """fp32 [N, K]: codes times their tile scales (exact)."""
+    n, k = weight.shape
+    s = nx.e8m0_value(weight.scale_bytes).repeat_interleave(BLOCK, dim=0)[:n]  # [N, K/32]
+    return e4m3_value(weight.codes) * s.repeat_interleave(BLOCK, dim=1)
+
+
+def fp8_gemm(x_codes: torch.Tensor, x_scales: torch.Tensor, weight: Fp8Weight) -> torch.Tensor:
+    """fp32 [..., N] accumulator of the block-scaled GEMM (module docstring, step 2).
+
+    x_codes uint8 [..., K] (e4m3 bits), x_scales fp32 [..., K/32] (powers of two).
+    """
+    n, k = weight.shape
+    if x_codes.shape[-1] != k:
+        raise ValueError(f"fp8_gemm: activation K {x_codes.shape[-1]} does not match the weight [{n}, {k}]")
+    lead = x_codes.shape[:-1]
+    qa = e4m3_value(x_codes).reshape(-1, k).double()  # [M, K]
+    qw = e4m3_value(weight.codes).double()  # [N, K]
+    sa = x_scales.reshape(-1, k // BLOCK)  # [M, K/32]
+    sw = nx.e8m0_value(weight.scale_bytes).repeat_interleave(BLOCK, dim=0)[:n]  # [N, K/32]
+    acc = torch.zeros(qa.shape[0], n, dtype=torch.float32)
+    for kb in range(k // BLOCK):
+        cols = slice(kb * BLOCK, (kb + 1) * BLOCK)
+        block = (qa[:, cols] @ qw[:, cols].T).float()  # exact sum, one rounding to fp32
+        acc = acc + block * sa[:, kb : kb + 1] * sw[:, kb][None, :]  # powers of two: exact
+    return acc.reshape(*lead, n)
+
+
+def linear_fp8(x: torch.Tensor, weight: Fp8Weight) -> Fp8LinearResult:
+    """`linear()` with an fp8 weight: act_quant(x, 32, ue8m0), fp8_gemm, bf16 out. x bf16 [..., K]."""
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"linear_fp8 takes a bf16 input, got {x.dtype}")
+    q = nx.fp8_qdq_ue8m0(x, BLOCK)
+    return Fp8LinearResult(fp8_gemm(q.codes, q.scales, weight).to(torch.bfloat16), q.codes, q.scale_bytes)

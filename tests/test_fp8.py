@@ -1,0 +1,63 @@
+"""linear.fp8 and the fp8 checkpoint path: the reference's arithmetic, correct kernels that round
+otherwise pass, and the classic fp8 GEMM bugs fail on the output they break."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import ROOT, results, run_cli
+from harness.reference import fp8_linear as fp8
+from harness.reference import numerics as nx
+
+IMPLS = ROOT / "tests" / "impls"
+
+
+def test_weights_round_trip_through_their_tiles():
+    w = torch.randn(72, 96, dtype=torch.float64) * torch.logspace(-3, 2, 96, dtype=torch.float64)
+    weight = fp8.quantise_weight(w)
+    assert weight.codes.shape == (72, 96) and weight.scale_bytes.shape == (3, 3)
+    scale = nx.e8m0_value(weight.scale_bytes).double().repeat_interleave(32, 0)[:72].repeat_interleave(32, 1)
+    # half an e4m3 step of the value, or half the subnormal step 2^-9 of its tile's scale
+    err = (fp8.dequantise_weight(weight).double() - w).abs()
+    assert (err <= torch.maximum(w.abs() * 2 ** -4, scale * 2 ** -10)).all()
+    assert (w.abs() / scale).max() <= 448 and (w.abs() / scale).amax() > 224
+
+
+def test_the_gemm_is_the_block_scaled_sum_of_the_quantised_operands():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 64, generator=gen).to(torch.bfloat16)
+    weight = fp8.quantise_weight(torch.randn(40, 64, generator=gen, dtype=torch.float64))
+    result = fp8.linear_fp8(x, weight)
+    q = nx.fp8_qdq_ue8m0(x)
+    exact = q.y.double() @ fp8.dequantise_weight(weight).double().T
+    assert torch.equal(result.x_codes, q.codes) and torch.equal(result.x_scale_bytes, q.scale_bytes)
+    assert ((result.y.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-30).all()
+
+
+def _run(tmp_path, impl, select="linear.fp8"):
+    report = tmp_path / "rep"
+    proc = run_cli("run", "--impl", impl, "--select", select, "--report-dir", str(report), "--no-isolate")
+    return proc, results(report)
+
+
+def test_a_narrow_tensor_core_accumulator_passes(tmp_path):
+    # the sequential 14-bit sums are slow in Python: the small cases and one production shape
+    proc, doc = _run(tmp_path, f"{IMPLS}/rounding.py:NarrowAccumulatorFp8",
+                     "linear.fp8/ragged*,linear.fp8/saturating*,linear.fp8/zero*,linear.fp8/wq_a*")
+    assert proc.returncode == 0, proc.stdout
+    assert max(c["outputs"]["y"]["rel_l2"] for c in doc["cases"]) > 1e-4  # it does round differently
+
+
+@pytest.mark.parametrize("impl, broken", [
+    ("PerRowScales", ["y"]), ("Block128", ["x_codes", "x_scale_bytes"]), ("Unquantised", ["y"]),
+])
+def test_classic_fp8_gemm_bugs_fail_on_the_output_they_break(tmp_path, impl, broken):
+    proc, doc = _run(tmp_path, f"{IMPLS}/wrong_fp8.py:{impl}")
+    assert proc.returncode == 1
+    production = [c for c in doc["cases"] if "production" in c["id"]]
+    assert production and all(c["status"] == "fail" for c in production)
+    for case in production:
+        failing = sorted(n for n, m in case["outputs"].items() if not m["ok"])
+        assert set(broken) <= set(failing), (case["id"], failing)
+        assert all(f"output '{name}'" in case["message"] for name in broken)
