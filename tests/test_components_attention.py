@@ -62,9 +62,11 @@ def test_reference_passes_every_case_in_process():
 
 def test_plain_softmax_passes_sparse_attn_and_attention_within_tolerance(tmp_path):
     code, doc = cli(tmp_path, f"{WRONG}:PlainSoftmax", "sparse_attn*,attention*")
-    assert code == 0 and {c["status"] for c in doc["cases"]} == {"pass"}
+    assert code == 0
+    # the fp8 checkpoint's cases hold the tiled kernel (docs/attention.md): declared unsupported
+    assert {c["id"] for c in doc["cases"] if c["status"] != "pass"} == {c for c in ATTENTION if "-fp8-" in c}
     assert {c["component"] for c in doc["cases"]} == {"sparse_attn", "attention"}
-    for case in doc["cases"]:   # the tolerance did real work, with headroom left
+    for case in (c for c in doc["cases"] if c["status"] == "pass"):   # the tolerance did real work, with headroom left
         tolerant = [m for n, m in case["outputs"].items() if n == "o" or n.endswith(".out")]
         assert max(m["max_ulps"] for m in tolerant) > 0, case["id"]
         assert max(m["rel_l2_headroom"] for m in tolerant) < 0.6, case["id"]

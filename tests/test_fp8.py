@@ -61,3 +61,14 @@ def test_classic_fp8_gemm_bugs_fail_on_the_output_they_break(tmp_path, impl, bro
         failing = sorted(n for n, m in case["outputs"].items() if not m["ok"])
         assert set(broken) <= set(failing), (case["id"], failing)
         assert all(f"output '{name}'" in case["message"] for name in broken)
+
+
+def test_attention_with_fp8_weights_fails_where_act_quant_is_skipped(tmp_path):
+    proc, doc = _run(tmp_path, f"{IMPLS}/wrong_fp8.py:AttentionSkipsActQuant", "attention*")
+    assert proc.returncode == 1
+    for case in doc["cases"]:
+        fp8_case = "-fp8-" in case["id"]
+        assert case["status"] == ("fail" if fp8_case else "pass"), case["id"]
+        if fp8_case:  # the first step already differs: window rows and every layer's output
+            assert case["first_divergent_step"] == 0
+            assert "output 's00.window_rows'" in case["message"] and "output 's00.l0.out'" in case["message"]

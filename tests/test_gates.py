@@ -40,8 +40,11 @@ def test_gate_passes_every_case_it_supports(tmp_path, gate):
     # not identical to the reference everywhere: the tolerances did real work
     assert any((m.get("max_ulps") or 0) > 0 for c in doc["cases"] for m in c["outputs"].values())
     unsupported = [c for c in doc["cases"] if c["status"] == "unsupported"]
-    if gate != "upstream":
+    if gate == "float64":
         assert not unsupported
+        return
+    if gate == "plain-softmax":  # outside the fp8 checkpoint's contract (docs/attention.md)
+        assert unsupported and all("-fp8-" in c["id"] and "fp8 checkpoint" in c["message"] for c in unsupported)
         return
     # upstream defines one prefill at 0 then single-token decode; everything else is the harness's
     for case in unsupported:

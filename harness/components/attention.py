@@ -23,6 +23,7 @@ from ..errors import CaseSpecError
 from ..reference.attention import LayerWeights, attention_step, init_weights
 from ..reference.compressor import CompressorWeights
 from ..reference.config import TINY_A, AttnConfig, LayerRole, layer_roles
+from ..reference.fp8_linear import Fp8Weight, quantise_weight
 from ..reference.indexer import IndexerWeights
 from ..reference.runtime import POLICIES, LayerState, SharedRuntime
 from ..registry import Component, OutputSpec, register
@@ -33,6 +34,8 @@ from .build import normal
 from .steps import step_name
 
 NAME = "attention"
+WEIGHT_MODES = ("bf16", "fp8")   # params.weights: ModelArgs.dtype of the case (upstream's default is fp8)
+FP8_WEIGHTS = ("wq_a", "wq_b", "wkv", "wo_b", "idx.wq_b")   # the Linears fp8 makes fp8 (§6.4)
 ROPE_TAIL = "config.rope_head_dim"   # the RoPE'd channels of every row: judged by their pairs' norm
 CONFIGS = {"tiny-a": TINY_A}
 NINF = float("-inf")
@@ -55,6 +58,7 @@ def _expand(spec: CaseSpec) -> list[CaseSpec]:
     if policy not in POLICIES:
         raise CaseSpecError(f"{spec.source}: params.index_k_policy must be one of {POLICIES} (§10.1)")
     cfg = CONFIGS[cfg_name]
+    weights_mode(params)
     build["data_seed"] = seed_for(f"{NAME}/{build.pop('data', spec.name)}")
     out = []
     for item in build.pop("schedules", None) or []:
@@ -109,7 +113,25 @@ def _inputs(params, build, gen):
     key = next((r.layer for r in roles if r.owns_k), None)
     if key is not None:
         out["wk"], out["k_norm"] = layers[key].wk, layers[key].k_norm
+    if weights_mode(params) == "fp8":  # the checkpoint's fp8 Linears: e4m3 codes + e8m0 tile scales
+        for name in FP8_WEIGHTS:
+            if name in out:
+                weight = quantise_weight(out[name].float())
+                out[name], out[f"{name}.scale"] = weight.codes, weight.scale_bytes
     return out
+
+
+def weights_mode(params: dict) -> str:
+    mode = params.get("weights", "bf16")
+    if mode not in WEIGHT_MODES:
+        raise CaseSpecError(f"attention: params.weights must be one of {WEIGHT_MODES}, not {mode!r}")
+    return mode
+
+
+def _weight(inputs: dict, name: str):
+    """A Linear's weight from the call's inputs: an Fp8Weight when `<name>.scale` comes with it."""
+    scale = inputs.get(f"{name}.scale")
+    return inputs[name] if scale is None else Fp8Weight(inputs[name], scale)
 
 
 # --- the reference, one layer one step ---------------------------------------------------------
@@ -123,9 +145,9 @@ def _layer_weights(inputs: dict, role: LayerRole, cfg: AttnConfig) -> LayerWeigh
             wkv, gate = wkv.float(), gate.float()
         comp = CompressorWeights(wkv, inputs["comp.norm"], gate, cfg.norm_eps)
     if role.is_index_source:
-        indexer = IndexerWeights(inputs["idx.wq_b"], inputs["idx.weights_proj"])
-    return LayerWeights(**{n: inputs[n] for n in (*BASE_WEIGHTS, "attn_sink")}, compressor=comp,
-                        indexer=indexer, wk=inputs.get("wk"), k_norm=inputs.get("k_norm"))
+        indexer = IndexerWeights(_weight(inputs, "idx.wq_b"), inputs["idx.weights_proj"])
+    return LayerWeights(**{n: _weight(inputs, n) for n in BASE_WEIGHTS}, attn_sink=inputs["attn_sink"],
+                        compressor=comp, indexer=indexer, wk=inputs.get("wk"), k_norm=inputs.get("k_norm"))
 
 
 def _run_reference(inputs, params):

@@ -50,7 +50,8 @@ def is_upstream_schedule(schedule: list[tuple[int, int]]) -> bool:
 
 
 def _call_weights(inputs: dict, role: LayerRole) -> dict:
-    """The weights one layer's call receives, under their plain names."""
+    """The weights one layer's call receives, under their plain names; an fp8 Linear's tile scales
+    come with it as `<name>.scale` (uint8 e8m0 [ceil(N/32), K/32]; its weight is uint8 e4m3 codes)."""
     out = {name: inputs[name] for name in BASE_WEIGHTS}
     out["attn_sink"] = inputs["attn_sink"][role.layer]
     if role.is_kv_source:
@@ -61,6 +62,7 @@ def _call_weights(inputs: dict, role: LayerRole) -> dict:
         out["idx.wq_b"], out["idx.weights_proj"] = inputs["idx.wq_b"], inputs["idx.weights_proj"]
     if role.owns_k:
         out["wk"], out["k_norm"] = inputs["wk"], inputs["k_norm"]
+    out.update({f"{name}.scale": inputs[f"{name}.scale"] for name in list(out) if f"{name}.scale" in inputs})
     return out
 
 

@@ -1,8 +1,10 @@
 """Attention forward for any compress ratio, with the explicit shared runtime (M:613-789).
 
 `attention_step` is upstream `Attention.forward` (docs/v41-reference.md §5.2) for one layer
-and one chunk of S tokens at `start`, in the "bf16" dtype mode of §8 (bf16 weights, no fp8
-activation QDQ inside the Linears):
+and one chunk of S tokens at `start`, in either dtype mode of §8: "bf16" (bf16 weights, plain
+bf16 GEMMs) or "fp8", upstream's default, where wq_a, wq_b, wkv, wo_b and the indexer's wq_b are
+`Fp8Weight`s and quantise their input with act_quant before the block-scaled fp8 GEMM
+(`fp8_linear.project`, §6.4); the compressor's wkv/wgate, weights_proj, wk and wo_a stay bf16/fp32:
 
 1. query: qr = q_norm(wq_a(x)); q = wq_b(qr) -> [b, S, h, hd]; RoPE on the last rope dims
    at the tokens' positions (M:765-772);
@@ -53,7 +55,8 @@ from harness.reference.numerics import einsum_f32, randn
 from harness.reference.indexer import IndexerWeights, indexer_forward
 from harness.reference.kv_finish import kv_finish
 from harness.reference import numerics as nx  # quantisers looked up at call time: one override point
-from harness.reference.numerics import linear_bf16, rms_norm
+from harness.reference.fp8_linear import Fp8Weight, project
+from harness.reference.numerics import rms_norm
 from harness.reference.rope import apply_rotary, freqs_table
 from harness.reference.runtime import (LayerState, SharedRuntime, check_policy,
                                        init_states)
@@ -65,15 +68,16 @@ FP8_BLOCK = 32   # fp8_block_size (M:23-30), window KV act_quant
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One layer's attention parameters (§5.1, §3.1, §4.1), bf16 unless noted."""
+    """One layer's attention parameters (§5.1, §3.1, §4.1), bf16 unless noted. With the fp8
+    checkpoint (§6.4) wq_a, wq_b, wkv and wo_b (and the indexer's wq_b) are `Fp8Weight`s."""
 
-    wq_a: torch.Tensor                      # [q_lora, dim]
+    wq_a: torch.Tensor | Fp8Weight          # [q_lora, dim]
     q_norm: torch.Tensor                    # [q_lora]
-    wq_b: torch.Tensor                      # [h * hd, q_lora]
-    wkv: torch.Tensor                       # [hd, dim]
+    wq_b: torch.Tensor | Fp8Weight          # [h * hd, q_lora]
+    wkv: torch.Tensor | Fp8Weight           # [hd, dim]
     kv_norm: torch.Tensor                   # [hd]
-    wo_a: torch.Tensor                      # [g * o_lora, h * hd / g]
-    wo_b: torch.Tensor                      # [dim, g * o_lora]
+    wo_a: torch.Tensor                      # [g * o_lora, h * hd / g], bf16 in both weight modes
+    wo_b: torch.Tensor | Fp8Weight          # [dim, g * o_lora]
     attn_sink: torch.Tensor                 # fp32 [h]
     compressor: CompressorWeights | None = None   # kv sources
     indexer: IndexerWeights | None = None         # index sources
@@ -222,10 +226,10 @@ def attention_step(layer: int, cfg: AttnConfig, weights: LayerWeights, state: La
     table = rope_table(cfg, role.ratio)
     freqs = table[start:end]                                                  # [S, rd/2, 2]
 
-    qr = _per_token(lambda r: rms_norm(linear_bf16(r, w.wq_a), w.q_norm, eps), x)
-    q = _per_token(lambda r: linear_bf16(r, w.wq_b), qr).unflatten(-1, (cfg.n_heads, -1))
+    qr = _per_token(lambda r: rms_norm(project(r, w.wq_a), w.q_norm, eps), x)
+    q = _per_token(lambda r: project(r, w.wq_b), qr).unflatten(-1, (cfg.n_heads, -1))
     q = apply_rotary(q, freqs, rd)                                            # [b, S, h, hd]
-    kv = _per_token(lambda r: rms_norm(linear_bf16(r, w.wkv), w.kv_norm, eps), x)
+    kv = _per_token(lambda r: rms_norm(project(r, w.wkv), w.kv_norm, eps), x)
     kv_rope = apply_rotary(kv, freqs, rd)                                     # [b, S, hd]
     kv = nx.fp8_qdq_ue8m0(kv_rope, FP8_BLOCK).y                                  # [b, S, hd]
     win_kv, win_ids, new_window = window_part(state.window, kv, start)
@@ -264,7 +268,7 @@ def attention_step(layer: int, cfg: AttnConfig, weights: LayerWeights, state: La
     wo_a = w.wo_a.view(cfg.o_groups, cfg.o_lora_rank, -1)                     # [g, r, h*hd/g]
     z = _per_token(lambda t: einsum_f32("bsgd,grd->bsgr", t, wo_a).to(torch.bfloat16),
                    o.reshape(b, S, cfg.o_groups, -1))                         # [b, S, g, r]
-    out = _per_token(lambda t: linear_bf16(t, w.wo_b), z.flatten(2))          # [b, S, dim]
+    out = _per_token(lambda t: project(t, w.wo_b), z.flatten(2))              # [b, S, dim]
     dumps.update(kv=kv_all, attn=attn, o=o)
     new_state = LayerState(new_window, ckv_cache, ik_cache, ring, end)
     return AttnStepResult(out, ids, win_ids, comp_ids, cand, new_state, runtime, sources, dumps)

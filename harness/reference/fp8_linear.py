@@ -116,3 +116,11 @@ def linear_fp8(x: torch.Tensor, weight: Fp8Weight) -> Fp8LinearResult:
         raise ValueError(f"linear_fp8 takes a bf16 input, got {x.dtype}")
     q = nx.fp8_qdq_ue8m0(x, BLOCK)
     return Fp8LinearResult(fp8_gemm(q.codes, q.scales, weight).to(torch.bfloat16), q.codes, q.scale_bytes)
+
+
+def project(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
+    """One of the attention path's Linears, as `linear()` dispatches it (M:181-207): an fp8 weight
+    goes through act_quant + fp8_gemm, a bf16 one through the bf16 GEMM. bf16 [..., N]."""
+    if isinstance(weight, Fp8Weight):
+        return linear_fp8(x, weight).y
+    return nx.linear_bf16(x, weight)

@@ -38,6 +38,7 @@ from typing import NamedTuple
 import torch
 
 from harness.reference import numerics as nx  # quantisers looked up at call time: one override point
+from harness.reference.fp8_linear import Fp8Weight, project
 from harness.reference.numerics import linear_bf16
 from harness.reference.rope import apply_rotary
 from harness.reference.topk import torch_cpu_topk
@@ -50,11 +51,12 @@ _ROW_BLOCK_ELEMS = 1 << 22  # float64 elements per scoring block (memory bound o
 class IndexerWeights:
     """Indexer parameters on the query side (M:496-525).
 
-    wq_b:         bf16 [H * D, q_lora_rank] (index_n_heads * index_head_dim rows).
+    wq_b:         bf16 [H * D, q_lora_rank] (index_n_heads * index_head_dim rows), or an
+                  `Fp8Weight` with the fp8 checkpoint (§6.4).
     weights_proj: bf16 [H, dim].
     """
 
-    wq_b: torch.Tensor
+    wq_b: torch.Tensor | Fp8Weight
     weights_proj: torch.Tensor
 
 
@@ -148,10 +150,10 @@ def index_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Ten
     return out
 
 
-def indexer_query(qr: torch.Tensor, wq_b: torch.Tensor, heads: int, freqs: torch.Tensor, rope_dim: int) -> torch.Tensor:
+def indexer_query(qr: torch.Tensor, wq_b: torch.Tensor | Fp8Weight, heads: int, freqs: torch.Tensor, rope_dim: int) -> torch.Tensor:
     """bf16 [b, S, H, D]: wq_b(qr) per head with RoPE on its last rope_dim channels, before the fp4
     QDQ (M:550-552). freqs: fp32 [S, rope_dim/2, 2], the rows of the tokens' positions."""
-    return apply_rotary(linear_bf16(qr, wq_b).unflatten(-1, (heads, -1)), freqs, rope_dim)
+    return apply_rotary(project(qr, wq_b).unflatten(-1, (heads, -1)), freqs, rope_dim)
 
 
 def query_compress_lens(start: int, seqlen: int, ratio: int) -> torch.Tensor:

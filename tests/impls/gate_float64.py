@@ -32,6 +32,7 @@ import torch.nn.functional as F
 import harness.reference.attention as ref_attention
 from gate import Gate
 from harness.adapters.reference import ReferenceAdapter
+from harness.reference.fp8_linear import Fp8Weight
 from harness.reference.kv_finish import KvFinish
 
 NINF = float("-inf")
@@ -197,8 +198,11 @@ def linear64(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.linear(x.double(), w.double())
 
 
-def linear_bf16(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """A bf16 Linear: float64 GEMM, one rounding to bf16."""
+def linear_bf16(x: torch.Tensor, w) -> torch.Tensor:
+    """A Linear with a bf16 output: float64 GEMM, one rounding to bf16. An fp8 weight (`Fp8Weight`)
+    first quantises x as act_quant decides it (§6.4), then multiplies in float64 as well."""
+    if isinstance(w, Fp8Weight):
+        return round_bf16(linear64(fp8_ue8m0(x).y, fp8_weight64(w.codes, w.scale_bytes)))
     return round_bf16(linear64(x, w))
 
 
@@ -466,7 +470,7 @@ def _attention_candidates(logits, lens, topk_blocks, block):
 
 ATTENTION_ARITHMETIC = {
     "freqs_table": freqs_table,
-    "linear_bf16": linear_bf16,
+    "project": linear_bf16,
     "rms_norm": rms_norm,
     "apply_rotary": rotate,
     "compressor_step": _attention_compressor_step,
@@ -583,7 +587,7 @@ def fp8_weight64(codes: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor
 def _linear_fp8(inputs, params):
     """act_quant as the kernel decides it, then the whole GEMM in float64, one rounding to bf16."""
     q = fp8_ue8m0(inputs["x"])
-    y = round_bf16(linear64(q.y, fp8_weight64(inputs["weight"], inputs["weight_scale"])))
+    y = linear_bf16(inputs["x"], Fp8Weight(inputs["weight"], inputs["weight_scale"]))
     return {"y": y, "x_codes": q.codes, "x_scale_bytes": q.scale_bytes}
 
 

@@ -51,8 +51,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (weight * (xf * torch.rsqrt(var + eps))).to(x.dtype)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """`linear()` without quantised weights (M:181-207): F.linear in the operands' dtype."""
+def linear(x: torch.Tensor, w) -> torch.Tensor:
+    """`linear()` (M:181-207): an fp8 weight, given as (e4m3 codes, e8m0 tile scale bytes), goes
+    through act_quant + fp8_gemm; any other through F.linear in the operands' dtype."""
+    if isinstance(w, tuple):
+        return fp8_linear(x, *w)[0]
     return F.linear(x, w)
 
 

@@ -53,3 +53,16 @@ class Unquantised(ReferenceAdapter):
         w = fp8.dequantise_weight(fp8.Fp8Weight(inputs["weight"], inputs["weight_scale"]))
         out["y"] = (inputs["x"].double() @ w.double().T).to(torch.bfloat16)
         return out
+
+
+class AttentionSkipsActQuant(ReferenceAdapter):
+    """attention with the fp8 checkpoint, but its fp8 Linears multiply the bf16 input unquantised."""
+
+    def run(self, component, inputs, params):
+        def unquantised(x, weight):
+            q = nx.fp8_qdq_ue8m0(x)
+            y = (x.double() @ fp8.dequantise_weight(weight).double().T).to(torch.bfloat16)
+            return fp8.Fp8LinearResult(y, q.codes, q.scale_bytes)
+
+        with patched(fp8, "linear_fp8", unquantised):
+            return super().run(component, inputs, params)
