@@ -32,8 +32,10 @@ Window part, by step kind (upstream defines the first two only, §3.5):
   token (compressor.py) and the indexer masks per query with compress_lens (t+1+start)//r
   (indexer.py). Results equal one-shot prefill up to the tile grouping of sparse_attn
   (window width and offsets differ), i.e. within a few bf16 ulps.
-Every GEMM and norm runs one token at a time, so a token's q, kv and output do not depend
-on the chunk length (as compressor.py and kv_finish.py do).
+Every GEMM accumulates exactly (float64 sums of exact bf16 x bf16 or fp8 x fp8 products, one
+rounding; `numerics._accumulate`, `fp8_linear`) and every norm works on its own row, so a token's q,
+kv and output do not depend on how many tokens share a step: GEMMs run over the whole chunk at
+once, and chunked results equal one-shot ones (as compressor.py and kv_finish.py do).
 
 `run_model` drives every layer of a config through a schedule of contiguous (start, end)
 steps. Each layer gets its own input (no residual stream): goldens per layer stay
@@ -42,7 +44,7 @@ independent, as §11 recommends.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -165,13 +167,6 @@ def rope_table(cfg: AttnConfig, ratio: int) -> torch.Tensor:
     return freqs_table(**rope_params(cfg, ratio))
 
 
-def _per_token(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """fn applied to each token x[:, t:t+1] and concatenated: results independent of S."""
-    if x.shape[1] == 0:
-        return fn(x)
-    return torch.cat([fn(x[:, t:t + 1]) for t in range(x.shape[1])], dim=1)
-
-
 def _chunk_window_ids(start: int, S: int, win: int) -> torch.Tensor:
     """int32 [S, win] for the harness chunk layout (module docstring)."""
     pos = start + torch.arange(S).unsqueeze(1) - win + 1 + torch.arange(win)   # [S, win]
@@ -226,10 +221,10 @@ def attention_step(layer: int, cfg: AttnConfig, weights: LayerWeights, state: La
     table = rope_table(cfg, role.ratio)
     freqs = table[start:end]                                                  # [S, rd/2, 2]
 
-    qr = _per_token(lambda r: rms_norm(project(r, w.wq_a), w.q_norm, eps), x)
-    q = _per_token(lambda r: project(r, w.wq_b), qr).unflatten(-1, (cfg.n_heads, -1))
+    qr = rms_norm(project(x, w.wq_a), w.q_norm, eps)
+    q = project(qr, w.wq_b).unflatten(-1, (cfg.n_heads, -1))
     q = apply_rotary(q, freqs, rd)                                            # [b, S, h, hd]
-    kv = _per_token(lambda r: rms_norm(project(r, w.wkv), w.kv_norm, eps), x)
+    kv = rms_norm(project(x, w.wkv), w.kv_norm, eps)
     kv_rope = apply_rotary(kv, freqs, rd)                                     # [b, S, hd]
     kv = nx.fp8_qdq_ue8m0(kv_rope, FP8_BLOCK).y                                  # [b, S, hd]
     win_kv, win_ids, new_window = window_part(state.window, kv, start)
@@ -266,9 +261,8 @@ def attention_step(layer: int, cfg: AttnConfig, weights: LayerWeights, state: La
     attn = sparse_attn(q, kv_all, w.attn_sink, ids, cfg.softmax_scale)        # [b, S, h, hd]
     o = apply_rotary(attn, freqs, rd, inverse=True)
     wo_a = w.wo_a.view(cfg.o_groups, cfg.o_lora_rank, -1)                     # [g, r, h*hd/g]
-    z = _per_token(lambda t: einsum_f32("bsgd,grd->bsgr", t, wo_a).to(torch.bfloat16),
-                   o.reshape(b, S, cfg.o_groups, -1))                         # [b, S, g, r]
-    out = _per_token(lambda t: project(t, w.wo_b), z.flatten(2))              # [b, S, dim]
+    z = einsum_f32("bsgd,grd->bsgr", o.reshape(b, S, cfg.o_groups, -1), wo_a).to(torch.bfloat16)  # [b, S, g, r]
+    out = project(z.flatten(2), w.wo_b)                                       # [b, S, dim]
     dumps.update(kv=kv_all, attn=attn, o=o)
     new_state = LayerState(new_window, ckv_cache, ik_cache, ring, end)
     return AttnStepResult(out, ids, win_ids, comp_ids, cand, new_state, runtime, sources, dumps)

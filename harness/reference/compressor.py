@@ -33,10 +33,11 @@ Rejected drafts: the next step starts at the accepted position (start < the prev
 simply overwrites those slots; rows whose group reaches a rejected position are discarded by the
 caller (`compressor_run` does this). Slots that still hold rejected inputs are never live.
 
-Harness choice, schedule invariance: every projection (and norm) is computed one position at a
-time as a [b, 1, dim] GEMM, so its fp32/bf16 result does not depend on how many rows the chunk
-had. Upstream does one GEMM per chunk, whose rounding can differ from this by GEMM-shape ulps
-(§10.3); the harness wants chunked and one-shot goldens to be bit-identical instead.
+Harness choice, schedule invariance: every projection (and norm) is exactly rounded (the float64
+sum of exact bf16 x bf16 products, rounded once; `numerics._accumulate`), so a position's fp32/bf16
+result does not depend on how many rows its GEMM had. Upstream's fp32 GEMM rounding can differ
+from this by GEMM-shape ulps (§10.3); the harness wants chunked and one-shot goldens to be
+bit-identical instead.
 """
 
 from __future__ import annotations
@@ -206,17 +207,13 @@ def pending_state(ring: torch.Tensor, position_end: int, ratio: int) -> torch.Te
 def compressor_projections(x_chunk: torch.Tensor, weights: CompressorWeights) -> torch.Tensor:
     """Ratio-2 fp32 projections of each position in ring layout: [b, n, 2, hd] = (score, latent).
 
-    One [b, 1, dim] fp32 GEMM per position and projection (module docstring, schedule invariance).
+    One GEMM per projection over the chunk; each position's result is exactly rounded and so does
+    not depend on the chunk (module docstring, schedule invariance).
     """
     wkv, wgate = _ratio2_weights(weights)
     _check_x(x_chunk, weights)
-    per_pos = []
-    for t in range(x_chunk.shape[1]):
-        xf = x_chunk[:, t : t + 1].float()  # [b, 1, dim]
-        per_pos.append(torch.stack([linear_f32(xf, wgate), linear_f32(xf, wkv)], dim=2))  # [b, 1, 2, hd]
-    if not per_pos:
-        return torch.empty(x_chunk.shape[0], 0, 2, weights.head_dim, dtype=torch.float32)
-    return torch.cat(per_pos, dim=1)
+    xf = x_chunk.float()  # [b, n, dim]
+    return torch.stack([linear_f32(xf, wgate), linear_f32(xf, wkv)], dim=2)  # [b, n, 2, hd]
 
 
 def pool_group(group: torch.Tensor) -> torch.Tensor:
@@ -261,8 +258,7 @@ def compressor_step(
             raise ValueError(f"ratio 1 keeps no state: pass ring=None or a [b, 0, 2, hd] tensor, got {tuple(ring.shape)}")
         if weights.wkv.dtype != torch.bfloat16:
             raise ValueError(f"ratio 1 wkv is a bf16 Linear (§3.1), got {weights.wkv.dtype}")
-        rows = [_norm(linear_bf16(x_chunk[:, t : t + 1], weights.wkv), weights) for t in range(n)]
-        return StepResult(_cat_rows(rows, b, hd), positions, new_ring(b, 0, hd))
+        return StepResult(_norm(linear_bf16(x_chunk, weights.wkv), weights), positions, new_ring(b, 0, hd))
 
     if ring is None:
         raise ValueError("ratio 2 needs a ring: pass new_ring(b, ring_capacity(2, q_max), hd)")

@@ -16,8 +16,8 @@ would store: packed e2m1 nibbles (element 2i in the low nibble) and the scale by
 patterns for the main row, e8m0 biased exponents for the index key). Seed 000 §A.5 gives the
 byte budgets (`cache_layout.py`).
 
-Harness choice: the wk GEMM and the norms run one row at a time (a [b, 1, hd] GEMM), so a row's
-value does not depend on how many rows one step finished (see compressor.py).
+The wk GEMM is exactly rounded per row (`numerics._accumulate`), so a row's value does not depend on
+how many rows one step finished (see compressor.py).
 """
 
 from __future__ import annotations
@@ -99,13 +99,7 @@ def finish_index(
     on its last rope_dim channels at `positions`, fp4 QDQ with e8m0 scales, block 32.
     """
     _check_latent(latent, positions)
-    b, g, _ = latent.shape
-    if g == 0:
-        norm = torch.empty(b, 0, wk.shape[0], dtype=torch.bfloat16)
-    else:
-        norm = torch.cat(
-            [rms_norm(linear_bf16(latent[:, i : i + 1], wk), k_norm_w, eps) for i in range(g)], dim=1
-        )  # [b, G, ihd] bf16
+    norm = rms_norm(linear_bf16(latent, wk), k_norm_w, eps)  # [b, G, ihd] bf16, each row exactly rounded
     rope = apply_rotary(norm, rope_rows(table, positions), rope_dim)
     q = nx.fp4_qdq_e8m0(rope, INDEX_BLOCK)
     return norm, rope, q.y, pack_nibbles(q.codes), q.scale_bytes
