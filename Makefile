@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 TRITON_PIN ?= triton==3.9.0
 REPORT_DIR ?= reports/reference
 
-.PHONY: install run test generate check verify bench clean
+.PHONY: install run test test-production generate check verify bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,13 @@ run: install
 test: install
 	$(PY) -m pytest -n auto -q
 
+# The production tier (docs/tiers.md): rebuild every case to its pinned SHA-256, build the
+# goldens locally, and run the reference over them (a few minutes; not part of `make test`).
+test-production: install
+	$(VENV)/bin/conformance generate --tier production --check
+	$(VENV)/bin/conformance generate --tier production
+	$(VENV)/bin/conformance run --impl reference --tier production --report-dir reports/production
+
 generate: install
 	$(VENV)/bin/conformance generate
 
@@ -37,6 +44,7 @@ verify: install
 bench: install
 	$(PY) benchmarks/run_overhead.py
 	$(PY) benchmarks/topk.py
+	$(PY) benchmarks/production_tier.py
 
 clean:
 	rm -rf $(VENV) reports *.egg-info

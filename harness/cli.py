@@ -19,12 +19,12 @@ from .errors import HarnessError, UsageError
 from .ids import parse_select
 
 
-def _config(path: str | None):
+def _config(path: str | None, tier: str = "small"):
     from .config import load_config
 
     config = load_config(Path(path) if path else None)
     config.validate()
-    return config
+    return config.for_tier(tier)
 
 
 def _fail_usage(exc: Exception) -> None:
@@ -34,6 +34,8 @@ def _fail_usage(exc: Exception) -> None:
 
 config_option = click.option("--config", "config_path", default=None, help="path to conformance.yaml (default: search upwards)")
 select_option = click.option("--select", "-s", multiple=True, help="shell-style patterns over case ids (repeat or comma separate)")
+tier_option = click.option("--tier", default="small", show_default=True,
+                           help="small (the goldens in git) or production (built locally, pinned by SHA-256)")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -53,20 +55,21 @@ def main() -> None:
 @click.option("--no-isolate", is_flag=True, help="run the implementation in the worker itself (faster, not crash-safe)")
 @click.option("--shard", default=None, help="I/N: run only shard I of N (deterministic split by case id)")
 @click.option("--pytest-args", default="", help="extra pytest arguments, e.g. \"--tx ssh=host//python=python3\"")
+@tier_option
 @config_option
-def run(impl, select, report_dir, workers, device, timeout, no_isolate, shard, pytest_args, config_path):
+def run(impl, select, report_dir, workers, device, timeout, no_isolate, shard, pytest_args, tier, config_path):
     """Run an implementation against the goldens and write the conformance report."""
     from .report import render_table
     from .session import RunOptions
     from .session import run as run_session
 
     try:
-        config = _config(config_path)
+        config = _config(config_path, tier)
         _check_device(device)
         _check_run_flags(workers, timeout, Path(report_dir), config)
         options = RunOptions(impl=impl, select=parse_select(select), report_dir=Path(report_dir), workers=str(workers),
                              device=device, timeout=timeout, isolate=not no_isolate, shard=_parse_shard(shard),
-                             pytest_args=tuple(shlex.split(pytest_args)), config_path=config_path)
+                             pytest_args=tuple(shlex.split(pytest_args)), config_path=config_path, tier=tier)
         doc = run_session(config, options)  # writes the reports while it holds the report dir
     except HarnessError as exc:
         _fail_usage(exc)
@@ -121,17 +124,19 @@ def _check_device(device: str) -> None:
 @main.command()
 @select_option
 @click.option("--check", is_flag=True, help="regenerate in memory and report drift against the frozen goldens; write nothing")
+@tier_option
 @config_option
-def generate(select, check, config_path):
+def generate(select, check, tier, config_path):
     """Write goldens from the reference (or, with --check, prove they still match it)."""
     from .generate import generate as run_generate
     from .generate import print_progress
 
     import torch
 
-    torch.set_num_threads(1)  # the reference is many tiny ops: threads only add synchronisation
+    if tier == "small":  # the small tier's reference is many tiny ops: threads only add synchronisation
+        torch.set_num_threads(1)
     try:
-        config = _config(config_path)
+        config = _config(config_path, tier)
         report = run_generate(config, parse_select(select), check=check, progress=print_progress())
     except HarnessError as exc:
         _fail_usage(exc)
@@ -152,14 +157,15 @@ def generate(select, check, config_path):
 
 
 @main.command()
+@tier_option
 @config_option
-def verify(config_path):
+def verify(tier, config_path):
     """Check every golden against MANIFEST.json and the schema."""
     from .generate import verify as run_verify
     from .golden import read_manifest
 
     try:
-        config = _config(config_path)
+        config = _config(config_path, tier)
         problems = run_verify(config)
         count = len(set(read_manifest(config.goldens, drop_invalid=True)))
     except HarnessError as exc:
@@ -173,14 +179,15 @@ def verify(config_path):
 @main.command(name="list")
 @select_option
 @click.option("--components", "only_components", is_flag=True, help="list components with their outputs and policies")
+@tier_option
 @config_option
-def list_cases(select, only_components, config_path):
+def list_cases(select, only_components, tier, config_path):
     """List components and cases."""
     from .cases import load_cases
     from .registry import components
 
     try:
-        config = _config(config_path)
+        config = _config(config_path, tier)
         registry = components()
         if only_components:
             for name, comp in sorted(registry.items()):

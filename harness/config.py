@@ -31,6 +31,9 @@ IMPL_KEYS = {"python", "command", "batch", "kind", "device", "expectations", "to
              "options", *IMPL_FLAGS}
 
 
+TIERS = ("small", "production")  # production: built locally, pinned by SHA-256 (docs/tiers.md)
+
+
 @dataclass
 class Config:
     root: Path
@@ -42,7 +45,22 @@ class Config:
     default_floor: int | None = None
     impls: dict[str, dict[str, Any]] = field(default_factory=dict)
     path: Path | None = None
+    tier: str = "small"
     _policies: dict = field(default_factory=dict, repr=False)
+
+    def for_tier(self, tier: str) -> Config:
+        """This configuration for a case tier: `small` (the goldens in git) or `production`
+        (cases/production, goldens/production: built locally, checked against MANIFEST.json)."""
+        if tier not in TIERS:
+            raise UsageError(f"--tier {tier!r}: expected one of {', '.join(TIERS)}")
+        if tier == "small":
+            return self
+        return replace(self, goldens=self.goldens / tier, cases=self.cases / tier, tier=tier)
+
+    @property
+    def generate_command(self) -> str:
+        """How to build this tier's goldens."""
+        return "conformance generate" + ("" if self.tier == "small" else f" --tier {self.tier}")
 
     def policy(self, component: Component, output: str, impl: dict[str, Any] | None = None,
                dtype: torch.dtype | None = None) -> Policy:

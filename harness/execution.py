@@ -37,12 +37,14 @@ class CaseExecutor:
 
     @classmethod
     def from_run(cls, run: dict) -> CaseExecutor:
-        # Cases are small; intra-op threads only add synchronisation, and with -n every worker
-        # would fight for the same cores. CONFORMANCE_THREADS raises it for a big CPU port.
+        # Small-tier cases are small: intra-op threads only add synchronisation, and with -n every
+        # worker would fight for the same cores. The production tier's GEMMs use every core when one
+        # process runs them. CONFORMANCE_THREADS overrides both (a big CPU port, say).
         import torch
 
-        torch.set_num_threads(int(os.environ.get("CONFORMANCE_THREADS", "1")))
-        config = load_config(Path(run["config"]))
+        config = load_config(Path(run["config"])).for_tier(run.get("tier", "small"))
+        alone = config.tier != "small" and "PYTEST_XDIST_WORKER" not in os.environ
+        torch.set_num_threads(int(os.environ.get("CONFORMANCE_THREADS", torch.get_num_threads() if alone else 1)))
         spec = ImplSpec(**run["impl"])
         try:
             manifest = read_manifest(config.goldens)

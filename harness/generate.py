@@ -25,7 +25,7 @@ from .config import Config
 from .errors import GoldenError, HarnessError, UsageError
 from .golden import (
     MANIFEST, SCHEMA_VERSION, Golden, decode, discover, encode, golden_path, load_verified, manifest_entry,
-    read_manifest, write_atomic, write_manifest,
+    read_manifest, sha256, write_atomic, write_manifest,
 )
 from . import regenerated
 from .registry import Component, get
@@ -59,8 +59,11 @@ def build_golden(spec: CaseSpec, config: Config) -> Golden:
     if missing:
         raise GenerationError(f"{spec.id}: input builder did not produce {missing}")
     frozen = {k: v.clone() for k, v in inputs.items()}
-    outputs = component.execute(component.reference, inputs, dict(spec.params))
-    aux = component.aux(frozen, dict(spec.params), outputs) if component.aux else {}
+    if component.reference_with_aux is not None:
+        outputs, aux = component.reference_with_aux(inputs, dict(spec.params))
+    else:
+        outputs = component.execute(component.reference, inputs, dict(spec.params))
+        aux = component.aux(frozen, dict(spec.params), outputs) if component.aux else {}
     regenerate = list(spec.build.get("regenerate") or [])
     unknown = [n for n in regenerate if n not in frozen]
     if unknown:
@@ -161,7 +164,7 @@ def generate(config: Config, select: list[str] | None = None, check: bool = Fals
             continue
         path = golden_path(config.goldens, spec.id)
         if check:
-            drift = _drift(path, data, golden)
+            drift = _drift(path, data, golden, manifest.get(spec.id))
             if drift:
                 report.drift[spec.id] = drift
             else:
@@ -217,9 +220,13 @@ def _merge_manifest(config: Config, changed: dict, removed: set[str]) -> None:
         write_manifest(config.goldens, current)
 
 
-def _drift(path, data: bytes, golden: Golden) -> str:
-    if not path.exists():
-        return f"{path}: no frozen golden (run `conformance generate`)"
+def _drift(path, data: bytes, golden: Golden, entry: dict | None = None) -> str:
+    if not path.exists():  # a tier built locally: the manifest's SHA-256 is the record
+        if entry is None:
+            return f"{path}: no frozen golden and no manifest entry (run `conformance generate`)"
+        digest = sha256(data)
+        return "" if digest == entry.get("sha256") else (
+            f"rebuilt SHA-256 {digest[:12]}… differs from MANIFEST.json's {str(entry.get('sha256'))[:12]}…")
     old_bytes = path.read_bytes()
     if old_bytes == data:
         return ""
@@ -260,7 +267,7 @@ def verify(config: Config) -> dict[str, str]:
         manifest = read_manifest(config.goldens, drop_invalid=True)
     for case_id in sorted(set(manifest) | set(discover(config.goldens))):
         try:
-            golden = load_verified(config.goldens, case_id, manifest)
+            golden = load_verified(config.goldens, case_id, manifest, config.generate_command)
             component = get(golden.meta["component"])
             regenerated.restore(golden, component)
             names = set(component.output_names(golden.meta["params"]))

@@ -159,12 +159,16 @@ def manifest_entry(goldens_dir: Path, case_id: str, data: bytes) -> dict[str, An
     return {"file": rel, "sha256": sha256(data), "size": len(data)}
 
 
-def load_verified(goldens_dir: Path, case_id: str, manifest: dict[str, dict[str, Any]]) -> Golden:
-    """Read one golden and check it against its manifest entry and the schema."""
+def load_verified(goldens_dir: Path, case_id: str, manifest: dict[str, dict[str, Any]],
+                  generate: str = "conformance generate") -> Golden:
+    """Read one golden and check it against its manifest entry and the schema; `generate` is the
+    command that builds this tier's goldens (named when the file is missing)."""
     path = golden_path(goldens_dir, case_id)
     entry = manifest.get(case_id)
     if not path.exists():
-        raise GoldenError(f"{path}: golden missing for {case_id}; run `conformance generate --select '{case_id}'`")
+        pinned = " (MANIFEST.json pins its SHA-256, so the build is checked)" if entry else ""
+        raise GoldenError(f"{path}: golden missing for {case_id}; build it with `{generate} --select '{case_id}'`"
+                          f"{pinned}")
     data = path.read_bytes()
     if entry is None:
         raise GoldenError(f"{path}: not listed in {MANIFEST}; regenerate with `conformance generate` so it is hashed")

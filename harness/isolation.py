@@ -90,6 +90,7 @@ class IsolatedWorker:
         self.executor = executor
         self.run_config = {
             "config": str(executor.config.path),
+            "tier": executor.config.tier,
             "impl": {"name": executor.spec.name, "kind": executor.spec.kind, "target": executor.spec.target,
                      "root": executor.spec.root, "conf": executor.spec.conf},
             "device": executor.device,

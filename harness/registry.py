@@ -103,6 +103,9 @@ class Component:
     floor: int = 1
     expected_outputs: Callable[[Params], tuple[str, ...]] | None = None  # for step-named outputs
     rederive: Rederive | None = None  # boundary flips of an internal quantised value (see Rederived)
+    # (inputs, params) -> (reference outputs, aux) in one pass, for components whose aux would
+    # otherwise re-run the reference (attention); the generator prefers it to execute + aux
+    reference_with_aux: Callable[[Tensors, Params], tuple[Tensors, Tensors]] | None = None
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -94,7 +94,7 @@ def _run(case_id: str, config: Config, impl, manifest: dict, impl_conf: dict, re
     if result.component not in registry:
         raise GoldenError(f"{case_id}: component {result.component!r} is not known to this harness version")
     component = registry[result.component]
-    golden = load_verified(config.goldens, case_id, manifest)
+    golden = load_verified(config.goldens, case_id, manifest, config.generate_command)
     regenerated.restore(golden, component)
     result.golden_sha256 = golden.sha256
     judge_golden(component, golden, impl, config, impl_conf, result)

@@ -70,12 +70,15 @@ class RunOptions:
     shard: tuple[int, int] | None = None
     pytest_args: tuple[str, ...] = ()
     config_path: str | None = None  # --config as the user gave it (for re-run commands)
+    tier: str = "small"
 
     def repro(self, case_id: str) -> str:
         """The command that re-runs exactly this case the way this run ran it."""
         parts = ["conformance", "run", "--impl", self.impl, "--select", case_id]
         if self.config_path:
             parts += ["--config", self.config_path]
+        if self.tier != "small":
+            parts += ["--tier", self.tier]
         if self.device != "cpu":
             parts += ["--device", self.device]
         if self.timeout is not None:
@@ -135,6 +138,7 @@ def run(config: Config, options: RunOptions) -> dict:
             "token": run_dir.token,
             "run_dir": str(run_dir.path.resolve()),
             "config": str(config.path),
+            "tier": config.tier,
             "impl": {"name": spec.name, "kind": spec.kind, "target": spec.target, "root": spec.root, "conf": spec.conf},
             "device": options.device,
             "timeout": options.timeout or config.timeout,
@@ -225,7 +229,7 @@ def summarise(config: Config, options: RunOptions, spec, results: list[dict], st
         for count in counts:
             entry[count] += int(result.get(count) or 0)
     problems = []
-    full_run = not options.select and not options.shard
+    full_run = not options.select and not options.shard and config.tier == "small"  # floors: the small tier
     names = sorted(set(per_component) | (set(registry) if full_run else set()))
     for name in names:
         entry = per_component.setdefault(name, empty())

@@ -3,7 +3,10 @@
 #   1. build examples/cuda/fp4_quant.cu (examples/cuda/build.py, cached by hash);
 #   2. conformance run --device cuda with the CUDA example (quant.e2m1, quant.fp4_*);
 #   3. conformance run --device cuda with the Triton example, compiled for the GPU (no
-#      TRITON_INTERPRET), on quant.e2m1, quant.fp4_* and indexer.scores.
+#      TRITON_INTERPRET), on quant.e2m1, quant.fp4_* and indexer.scores;
+#   4. conformance run --device cuda with upstream's own torch arithmetic (tests/impls/
+#      gate_upstream.py) on the fp8 Linear at every production shape (linear.fp8: wq_a, wq_b,
+#      wo_b, the indexer's wq_b) and sparse_attn at production size (d 512, 16 heads, 144 lanes).
 # Each step runs under a time limit and logs to $OUT/<step>.log; a short summary comes last.
 #
 # Usage (from anywhere):  examples/cuda/gpu_check.sh
@@ -70,13 +73,15 @@ if [ "$failed" -eq 0 ]; then
 fi
 step triton "$PY" -m harness run --device cuda --impl examples/triton_impl.py:TritonImpl \
     --select 'quant.e2m1,quant.fp4_e4m3,quant.fp4_e8m0,indexer.scores' --report-dir "$OUT/triton" || failed=1
+step fp8 "$PY" -m harness run --device cuda --impl tests/impls/gate_upstream.py:UpstreamTorch \
+    --select 'linear.fp8,sparse_attn/production-*' --report-dir "$OUT/fp8" || failed=1
 
 echo
 echo "gpu_check summary"
 for i in "${!NAMES[@]}"; do
     printf '  %-7s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"
 done
-for name in cuda triton; do
+for name in cuda triton fp8; do
     if [ -f "$OUT/$name/results.json" ]; then
         "$PY" - "$OUT/$name/results.json" "$name" <<'EOF'
 import json, sys

@@ -22,7 +22,7 @@ from ..cases import CaseSpec, seed_for
 from ..errors import CaseSpecError
 from ..reference.attention import LayerWeights, attention_step, init_weights
 from ..reference.compressor import CompressorWeights
-from ..reference.config import TINY_A, AttnConfig, LayerRole, layer_roles
+from ..reference.config import PRODUCTION_TIER, TINY_A, AttnConfig, LayerRole, layer_roles
 from ..reference.fp8_linear import Fp8Weight, quantise_weight
 from ..reference.indexer import IndexerWeights
 from ..reference.runtime import POLICIES, LayerState, SharedRuntime
@@ -37,7 +37,7 @@ NAME = "attention"
 WEIGHT_MODES = ("bf16", "fp8")   # params.weights: ModelArgs.dtype of the case (upstream's default is fp8)
 FP8_WEIGHTS = ("wq_a", "wq_b", "wkv", "wo_b", "idx.wq_b")   # the Linears fp8 makes fp8 (§6.4)
 ROPE_TAIL = "config.rope_head_dim"   # the RoPE'd channels of every row: judged by their pairs' norm
-CONFIGS = {"tiny-a": TINY_A}
+CONFIGS = {"tiny-a": TINY_A, "production-tier": PRODUCTION_TIER}
 NINF = float("-inf")
 
 
@@ -179,8 +179,8 @@ def _reference(inputs, params):
     return _run_reference(inputs, params)[0]
 
 
-def _aux(inputs, params, outputs):
-    """What the comparator needs per step, from a second reference pass:
+def _reference_with_aux(inputs, params):
+    """The reference outputs and what the comparator needs per step, in one pass:
 
     - `sNN.lK.scores` (per compressed layer): the masked index scores its compressed ids came
       from, with `offset` leading -inf columns so the ids index them directly;
@@ -210,14 +210,14 @@ def _aux(inputs, params, outputs):
             scores[(step, layer)] = torch.cat([front, masked], -1)
         return out
 
-    drive_layers(call, inputs, params)
+    outputs = drive_layers(call, inputs, params)
     for step, rows in window_pre.items():
         aux[step_name(step, "window_pre")] = torch.stack(rows).contiguous()
     for (i, layer), value in scores.items():
         for r in roles:   # an index source's scores also judge the layers that reuse its selection
             if r.ratio and r.index_source == layer:
                 aux[step_name(i, f"l{r.layer}.scores")] = value
-    return aux
+    return outputs, aux
 
 
 # --- registration ------------------------------------------------------------------------------
@@ -251,7 +251,7 @@ register(Component(
     build=_inputs,
     reference=_reference,
     execute=drive_layers,
-    aux=_aux,
+    reference_with_aux=_reference_with_aux,
     expected_outputs=expected_outputs,
     floor=4,
     notes="one implementation call per (step, layer), layers in order: inputs x [b, S, dim], the layer's weights "

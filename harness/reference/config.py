@@ -235,3 +235,20 @@ def rope_params(cfg: AttnConfig, ratio: int) -> dict:
     return dict(dim=cfg.rope_head_dim, seqlen=cfg.max_seq_len, base=cfg.rope_theta,
                 original_seq_len=0, factor=cfg.rope_factor, beta_fast=cfg.beta_fast,
                 beta_slow=cfg.beta_slow)
+
+
+PRODUCTION_TIER = AttnConfig(
+    dim=5120, n_heads=64, head_dim=512, rope_head_dim=64, q_lora_rank=1280,
+    o_groups=8, o_lora_rank=1024, window_size=128, norm_eps=1e-20,
+    rope_theta=10000.0, compress_rope_theta=160000.0, original_seq_len=65536,
+    rope_factor=16.0, beta_fast=32, beta_slow=1,
+    index_n_heads=32, index_head_dim=128, index_topk=512,
+    candidate_block_size=8, candidate_topk_blocks=96,
+    compress_ratios=(2, 1, 1), kv_source_layers=(0, 1), index_source_layers=(0, 1, 2),
+    candidate_source_layer=1, max_seq_len=1088, n_layers=3, max_batch_size=1,
+)
+"""The production tier's attention config: every production dimension (§1.2), three layers (a
+ratio-2 Full layer, the ratio-1 Full candidate source, a ratio-1 Reindex consumer). Production's
+2048 candidate blocks would need 16,384 compressed rows; with 96 blocks of 8 candidate selection
+is active from 768 rows on, and the kept pool (95 * 8 + 1 = 761 rows) still exceeds top-512, so
+there is no §4.4 leak. max_seq_len 1088 holds a 1,030-token prefill and decode steps."""

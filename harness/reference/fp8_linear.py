@@ -32,6 +32,7 @@ import torch
 from harness.reference import numerics as nx
 
 BLOCK = 32  # fp8_block_size (M:23-30): activation blocks and weight tiles are 32 wide
+_CHUNK_ELEMS = 1 << 21  # float64 block products computed at once (16 MB)
 
 
 class Fp8Weight(NamedTuple):
@@ -103,10 +104,13 @@ def fp8_gemm(x_codes: torch.Tensor, x_scales: torch.Tensor, weight: Fp8Weight) -
     sa = x_scales.reshape(-1, k // BLOCK)  # [M, K/32]
     sw = nx.e8m0_value(weight.scale_bytes).repeat_interleave(BLOCK, dim=0)[:n]  # [N, K/32]
     acc = torch.zeros(qa.shape[0], n, dtype=torch.float32)
-    for kb in range(k // BLOCK):
-        cols = slice(kb * BLOCK, (kb + 1) * BLOCK)
-        block = (qa[:, cols] @ qw[:, cols].T).float()  # exact sum, one rounding to fp32
-        acc = acc + block * sa[:, kb : kb + 1] * sw[:, kb][None, :]  # powers of two: exact
+    rows = max(1, _CHUNK_ELEMS // max(n, 1))  # bounds the float64 block products (memory only)
+    for r0 in range(0, qa.shape[0], rows):
+        part = slice(r0, r0 + rows)
+        for kb in range(k // BLOCK):
+            cols = slice(kb * BLOCK, (kb + 1) * BLOCK)
+            block = (qa[part, cols] @ qw[:, cols].T).float()  # exact sum, one rounding to fp32
+            acc[part] += block * sa[part, kb : kb + 1] * sw[:, kb][None, :]  # powers of two: exact
     return acc.reshape(*lead, n)
 
 

@@ -163,7 +163,7 @@ def fp8_linear(x: torch.Tensor, w_codes: torch.Tensor, w_scale_bytes: torch.Tens
     qw = w_codes.view(torch.float8_e4m3fn).float()
     sa = (q.scale_bytes.to(torch.int32) << 23).view(torch.float32).reshape(-1, k // FP8_BLOCK)
     sw = (w_scale_bytes.to(torch.int32) << 23).view(torch.float32).repeat_interleave(FP8_BLOCK, dim=0)[:n]
-    acc = torch.zeros(qa.shape[0], n)
+    acc = torch.zeros(qa.shape[0], n, device=qa.device)
     for kb in range(k // FP8_BLOCK):
         cols = slice(kb * FP8_BLOCK, (kb + 1) * FP8_BLOCK)
         acc += (qa[:, cols] @ qw[:, cols].T) * sa[:, kb : kb + 1] * sw[:, kb]
@@ -213,9 +213,9 @@ def sparse_attn(q: torch.Tensor, kv: torch.Tensor, attn_sink: torch.Tensor, topk
     b, m, h, d = q.shape
     scale = torch.tensor(softmax_scale, dtype=torch.float32)
     qf = q.float()
-    run_max = torch.full((b, m, h), ATTN_MAX_INIT, dtype=torch.float32)
-    denom = torch.zeros((b, m, h), dtype=torch.float32)
-    acc = torch.zeros((b, m, h, d), dtype=torch.float32)
+    run_max = torch.full((b, m, h), ATTN_MAX_INIT, dtype=torch.float32, device=q.device)
+    denom = torch.zeros((b, m, h), dtype=torch.float32, device=q.device)
+    acc = torch.zeros((b, m, h, d), dtype=torch.float32, device=q.device)
     for lo in range(0, topk_idxs.shape[-1], ATTN_TILE):
         rows, present = _gather_tile(kv, topk_idxs[..., lo:lo + ATTN_TILE])
         scores = torch.einsum("bmhd,bmtd->bmht", qf, rows) * scale
@@ -234,7 +234,7 @@ def sparse_attn(q: torch.Tensor, kv: torch.Tensor, attn_sink: torch.Tensor, topk
 def _gather_tile(kv: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 kv rows [b, m, T, d] for ids [b, m, T], zero where id = -1 (K41:365-368), and the present mask."""
     present = ids >= 0
-    batch = torch.arange(kv.shape[0]).view(-1, 1, 1)
+    batch = torch.arange(kv.shape[0], device=kv.device).view(-1, 1, 1)
     rows = kv[batch, ids.clamp_min(0).long()].float()
     return torch.where(present.unsqueeze(-1), rows, 0.0), present
 
