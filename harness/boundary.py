@@ -9,7 +9,8 @@ tells those boundary flips apart from genuine mismatches. Pure functions, no I/O
 Per block of `block` elements (one scale):
 - x: the reference's value before quantisation (the golden's `pre` tensor) and t its tolerance
   (`pre_tolerance`: `boundary_ulps` bf16 ulps of |x|, or of the RoPE pair's norm in the rotated
-  tail, because a rotation spreads one input's rounding over both outputs of its pair);
+  tail, because a rotation spreads one input's rounding over both outputs of its pair, plus
+  `boundary_atol_rel` of the block's amax for values near zero);
 - the block's scale is a function of amax = max |x|; the admissible scales are the reference's
   and those reachable from amax in [max(|x| - t), max(|x| + t)];
 - under a scale s an element's code is Q_s(x); the codes reachable from x +- t are the admissible
@@ -102,15 +103,20 @@ FORMATS = {
 }
 
 
-def pre_tolerance(pre: torch.Tensor, ulps: float, tail: int = 0) -> torch.Tensor:
-    """float64 [..., D]: `ulps` bf16 ulps of |x|; in the last `tail` channels (RoPE pairs
-    (2i, 2i+1)) of the pair's norm, which a rotation preserves."""
+def pre_tolerance(pre: torch.Tensor, ulps: float, tail: int = 0, atol_rel: float = 0.0, block: int = 1) -> torch.Tensor:
+    """float64 [..., D]: `ulps` bf16 ulps of |x| (in the last `tail` channels, RoPE pairs (2i, 2i+1),
+    of the pair's norm, which a rotation preserves), plus `atol_rel` times the amax of the element's
+    quantisation block: a GEMM output near zero moves with its inputs' rounding, not its own."""
     magnitude = pre.double().abs()
     if tail:
         pairs = pre[..., pre.shape[-1] - tail:].double().unflatten(-1, (-1, 2))
         norm = pairs.square().sum(-1, keepdim=True).sqrt().expand_as(pairs).flatten(-2)
         magnitude = torch.cat([magnitude[..., : pre.shape[-1] - tail], norm], dim=-1)
-    return ulps * ulp_of(magnitude, torch.bfloat16)
+    tol = ulps * ulp_of(magnitude, torch.bfloat16)
+    if atol_rel:
+        amax = pre.double().abs().unflatten(-1, (-1, block)).amax(-1, keepdim=True)
+        tol = tol + atol_rel * amax.expand(*amax.shape[:-1], block).flatten(-2)
+    return tol
 
 
 @dataclass(frozen=True)

@@ -312,8 +312,9 @@ def _compare_quantised(
         raise KeyError(f"the golden lacks {policy.pre!r} (the values before quantisation); regenerate it with "
                        "`conformance generate`")
     tail = int(_param(params, policy.pre_tail)) if policy.pre_tail else 0
-    tol = pre_tolerance(pre, policy.boundary_ulps, tail)
-    verdict = classify_quantised(expected, actual, pre, tol, FORMATS[policy.quant], policy.encoding)
+    fmt = FORMATS[policy.quant]
+    tol = pre_tolerance(pre, policy.boundary_ulps, tail, policy.boundary_atol_rel, fmt.block)
+    verdict = classify_quantised(expected, actual, pre, tol, fmt, policy.encoding)
     metrics = {"numel": verdict.numel, "mismatched": verdict.mismatched, "boundary_flips": verdict.flips,
                "scale_flips": verdict.scale_flips}
     refused = verdict.flips and not policy.accept_boundary

@@ -17,8 +17,8 @@ Kinds:
 - `quantised`: a quantiser's output (dequantised values, codes, packed codes or scale bytes)
   computed from rounded arithmetic. Exact, except that an element one representable step away is
   a *boundary flip* when the reference's value before that rounding (`aux`/`out` tensor `pre`)
-  lies within `boundary_ulps` bf16 ulps of the decision boundary (harness/boundary.py,
-  docs/verdicts.md). Flips are counted and accepted unless `accept_boundary` is false.
+  lies within `boundary_ulps` bf16 ulps (plus `boundary_atol_rel` of its block's amax) of the
+  decision boundary (harness/boundary.py, docs/verdicts.md). Flips are counted and accepted unless `accept_boundary` is false.
 - `index`: integer ids compared exactly; when they differ the index verdict classifies each
   row as tie order, near tie (within `near_tie_ulps` of the k-th score) or miss, using the
   reference scores stored as `aux.<scores>`. Tie rows pass with `accept_ties`; near-tie rows
@@ -35,7 +35,7 @@ from .errors import UsageError
 KINDS = ("exact", "bf16", "f32", "quantised", "index")
 FLAGS = ("accept_ties", "accept_near_ties", "accept_boundary")  # booleans
 TUNABLE = ("ulps", "atol", "atol_rel", "rel_l2", "max_diff_fraction", "argument_ulps", "boundary_ulps",
-           "near_tie_ulps") + FLAGS
+           "boundary_atol_rel", "near_tie_ulps") + FLAGS
 FLOAT_KINDS = {"bf16": "bf16", "f32": "f32"}  # tolerance kinds, by the output dtype they judge
 
 
@@ -56,6 +56,7 @@ class Policy:
     pre: str | None = None  # tensor of the reference's values before quantisation ("out.x" or aux)
     pre_tail: str | None = None  # params path of the RoPE tail width (pairs judged by their norm)
     boundary_ulps: float = 0.0  # tolerance of `pre`, in bf16 ulps of its magnitude
+    boundary_atol_rel: float = 0.0  # ... plus this fraction of its quantisation block's amax
     accept_boundary: bool = True
     # index kind only
     scores: str | None = None  # aux tensor with the reference scores the selection came from

@@ -81,8 +81,8 @@ class Rederived:
     example: str
 
 
-# (inputs, expected outputs, aux, actual outputs, params, boundary_ulps) -> Rederived | None
-Rederive = Callable[[Tensors, Tensors, Tensors, Tensors, Params, float], Rederived | None]
+# (inputs, expected outputs, aux, actual outputs, params, the boundary Policy) -> Rederived | None
+Rederive = Callable[[Tensors, Tensors, Tensors, Tensors, Params, Policy], Rederived | None]
 
 
 def single_call(call: Call, inputs: Tensors, params: Params) -> Tensors:

@@ -214,7 +214,7 @@ def _rederived(component: Component, golden: Golden, actual: dict, params: dict,
     policy = config.boundary_policy(component, impl_conf)
     if not policy.accept_boundary:
         return golden, None
-    found = component.rederive(golden.inputs, golden.outputs, golden.aux, actual, params, policy.boundary_ulps)
+    found = component.rederive(golden.inputs, golden.outputs, golden.aux, actual, params, policy)
     if found is None:
         return golden, None
     result.boundary_flips += found.flips

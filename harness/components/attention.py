@@ -23,7 +23,7 @@ from ..errors import CaseSpecError
 from ..reference.attention import LayerWeights, attention_step, init_weights
 from ..reference.compressor import CompressorWeights
 from ..reference.config import PRODUCTION_TIER, TINY_A, AttnConfig, LayerRole, layer_roles
-from ..reference.fp8_linear import Fp8Weight, quantise_weight
+from ..reference.fp8_linear import quantise_inputs, weight_input
 from ..reference.indexer import IndexerWeights
 from ..reference.runtime import POLICIES, LayerState, SharedRuntime
 from ..registry import Component, OutputSpec, register
@@ -114,10 +114,7 @@ def _inputs(params, build, gen):
     if key is not None:
         out["wk"], out["k_norm"] = layers[key].wk, layers[key].k_norm
     if weights_mode(params) == "fp8":  # the checkpoint's fp8 Linears: e4m3 codes + e8m0 tile scales
-        for name in FP8_WEIGHTS:
-            if name in out:
-                weight = quantise_weight(out[name].float())
-                out[name], out[f"{name}.scale"] = weight.codes, weight.scale_bytes
+        quantise_inputs(out, FP8_WEIGHTS)
     return out
 
 
@@ -127,11 +124,6 @@ def weights_mode(params: dict) -> str:
         raise CaseSpecError(f"attention: params.weights must be one of {WEIGHT_MODES}, not {mode!r}")
     return mode
 
-
-def _weight(inputs: dict, name: str):
-    """A Linear's weight from the call's inputs: an Fp8Weight when `<name>.scale` comes with it."""
-    scale = inputs.get(f"{name}.scale")
-    return inputs[name] if scale is None else Fp8Weight(inputs[name], scale)
 
 
 # --- the reference, one layer one step ---------------------------------------------------------
@@ -145,8 +137,8 @@ def _layer_weights(inputs: dict, role: LayerRole, cfg: AttnConfig) -> LayerWeigh
             wkv, gate = wkv.float(), gate.float()
         comp = CompressorWeights(wkv, inputs["comp.norm"], gate, cfg.norm_eps)
     if role.is_index_source:
-        indexer = IndexerWeights(_weight(inputs, "idx.wq_b"), inputs["idx.weights_proj"])
-    return LayerWeights(**{n: _weight(inputs, n) for n in BASE_WEIGHTS}, attn_sink=inputs["attn_sink"],
+        indexer = IndexerWeights(weight_input(inputs, "idx.wq_b"), inputs["idx.weights_proj"])
+    return LayerWeights(**{n: weight_input(inputs, n) for n in BASE_WEIGHTS}, attn_sink=inputs["attn_sink"],
                         compressor=comp, indexer=indexer, wk=inputs.get("wk"), k_norm=inputs.get("k_norm"))
 
 

@@ -22,6 +22,7 @@ import torch
 
 from ..errors import CaseSpecError
 from ..reference import candidates as cd
+from ..reference.fp8_linear import quantise_inputs, weight_input
 from ..reference import indexer as ix
 from ..reference import numerics as nx
 from ..reference import rope as rp
@@ -278,6 +279,8 @@ def _forward_inputs(params, build, gen):
         "weights_proj": normal(gen, [H, dim], dim ** -0.5),
         "freqs": table[start:start + S].contiguous(),
     }
+    if params.get("weights", "bf16") == "fp8":  # the checkpoint's fp8 wq_b: e4m3 codes + e8m0 tile scales
+        quantise_inputs(inputs, ("wq_b",))
     lens = ix.query_compress_lens(start, S, ratio)
     inputs["candidates"] = _source_mask(build.get("candidates"), torch.empty(b, S, T), lens, gen, comp)
     return inputs
@@ -294,7 +297,7 @@ def forward_reference(inputs: dict, params: dict) -> dict:
     start, ratio = _int(params, "start", comp), _int(params, "ratio", comp)
     result = ix.indexer_forward(
         inputs["x"], inputs["qr"], inputs["index_k_cache"], start, ratio,
-        ix.IndexerWeights(inputs["wq_b"], inputs["weights_proj"]), _table_by_position(inputs, start),
+        ix.IndexerWeights(weight_input(inputs, "wq_b"), inputs["weights_proj"]), _table_by_position(inputs, start),
         _int(params, "rope_dim", comp), _int(params, "index_topk", comp), int(params.get("offset", 0)),
         inputs["candidates"],
     )
@@ -307,13 +310,13 @@ def _forward_aux(inputs, params, outputs):
     lens = _lens(params, inputs["x"].shape[1], "indexer")
     start, heads = _int(params, "start", "indexer"), inputs["weights_proj"].shape[0]
     freqs = _table_by_position(inputs, start)[start:]
-    q_pre = ix.indexer_query(inputs["qr"], inputs["wq_b"], heads, freqs, _int(params, "rope_dim", "indexer"))
+    q_pre = ix.indexer_query(inputs["qr"], weight_input(inputs, "wq_b"), heads, freqs, _int(params, "rope_dim", "indexer"))
     w = ix.head_weights(inputs["x"], inputs["weights_proj"], q_pre.shape[-1], heads)
     return {"masked_scores": _masked(outputs["scores"], lens, inputs["candidates"]),
             "id_limit": _id_limit(lens, inputs["x"].shape[0], params), "q_pre": q_pre, "w": w}
 
 
-def _rederive(inputs, expected, aux, actual, params, boundary_ulps) -> Rederived | None:
+def _rederive(inputs, expected, aux, actual, params, boundary) -> Rederived | None:
     """Query rows whose scores differ beyond an ulp because one fp4 value of the query crossed a
     rounding boundary (the query is not an output, so no boundary verdict sees it): find the flip
     among the admissible ones that reproduces the implementation's row, and rederive the scores,
@@ -333,7 +336,8 @@ def _rederive(inputs, expected, aux, actual, params, boundary_ulps) -> Rederived
         fmt = FORMATS["fp4_e8m0"]
         q = nx.fp4_qdq_e8m0(q_pre, ix.FP4_BLOCK).y
         for h in range(q.shape[0]):
-            variants = admissible_variants(q_pre[h], pre_tolerance(q_pre[h], boundary_ulps, tail), fmt)
+            tol = pre_tolerance(q_pre[h], boundary.boundary_ulps, tail, boundary.boundary_atol_rel, fmt.block)
+            variants = admissible_variants(q_pre[h], tol, fmt)
             for what, row in variants:
                 trial = q.clone()
                 trial[h] = row
@@ -341,7 +345,8 @@ def _rederive(inputs, expected, aux, actual, params, boundary_ulps) -> Rederived
                 if bool(within(got[b, t], redone).all()):
                     scores[b, t], flips = redone, flips + 1
                     example = example or (f"query row {[b, t]}, head {h}: {what} of the fp4 query (a value within "
-                                          f"{boundary_ulps:g} bf16 ulps of its rounding boundary); its scores follow")
+                                          f"{boundary.boundary_ulps:g} bf16 ulps of its rounding boundary); its "
+                                          "scores follow")
                     break
             else:
                 continue
@@ -366,7 +371,9 @@ register(Component(
     aux=_forward_aux,
     rederive=_rederive,
     floor=5,
-    notes="params: start, ratio, rope_dim, index_topk, offset, candidate_leak. freqs holds the (cos, sin) "
+    notes="params: start, ratio, rope_dim, index_topk, offset, candidate_leak, weights (bf16 | fp8: wq_b arrives as "
+          "uint8 e4m3 codes with its e8m0 tile scales as wq_b.scale, and quantises qr with act_quant). "
+          "freqs holds the (cos, sin) "
           "rows of positions start..start+S-1; index_k_cache rows >= T are never read. H comes from "
           "weights_proj rows, D from the cache's last dim.",
 ))

@@ -128,3 +128,21 @@ def project(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
     if isinstance(weight, Fp8Weight):
         return linear_fp8(x, weight).y
     return nx.linear_bf16(x, weight)
+
+
+# --- as golden inputs: an fp8 Linear's weight is `<name>` (codes) with `<name>.scale` ------------
+
+
+def quantise_inputs(inputs: dict[str, torch.Tensor], names: tuple[str, ...]) -> None:
+    """Replace the named real-valued weights by the checkpoint's fp8 form, in place: `<name>` the
+    uint8 e4m3 codes, `<name>.scale` the uint8 e8m0 tile scales. Names not in `inputs` are skipped."""
+    for name in names:
+        if name in inputs:
+            weight = quantise_weight(inputs[name].float())
+            inputs[name], inputs[f"{name}.scale"] = weight.codes, weight.scale_bytes
+
+
+def weight_input(inputs: dict[str, torch.Tensor], name: str) -> torch.Tensor | Fp8Weight:
+    """A Linear's weight from a call's inputs: an Fp8Weight when `<name>.scale` comes with it."""
+    scale = inputs.get(f"{name}.scale")
+    return inputs[name] if scale is None else Fp8Weight(inputs[name], scale)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 import harness.reference.attention as ref_attention
 from gate import Gate
 from harness.adapters.reference import ReferenceAdapter
-from harness.reference.fp8_linear import Fp8Weight
+from harness.reference.fp8_linear import Fp8Weight, weight_input
 from harness.reference.kv_finish import KvFinish
 
 NINF = float("-inf")
@@ -555,7 +555,7 @@ def _indexer_select(inputs, params):
 
 def _indexer(inputs, params):
     out = indexer_forward(inputs["x"], inputs["qr"], inputs["index_k_cache"], int(params["start"]),
-                          int(params["ratio"]), inputs["wq_b"], inputs["weights_proj"], inputs["freqs"],
+                          int(params["ratio"]), weight_input(inputs, "wq_b"), inputs["weights_proj"], inputs["freqs"],
                           int(params["rope_dim"]), int(params["index_topk"]), int(params.get("offset", 0)),
                           inputs["candidates"])
     return {"ids": _leak_policy(out.ids, inputs["candidates"], params), "scores": out.scores}

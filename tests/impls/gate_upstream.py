@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 import upstream_ops as up
-from upstream_attention import attention_call
+from upstream_attention import attention_call, weight
 from gate import Gate, table_args
 from harness import Unsupported
 
@@ -110,7 +110,7 @@ def indexer_select(inputs, params):
 def indexer_forward(inputs, params):
     candidates = inputs["candidates"]
     ids, scores = up.indexer_forward(
-        inputs["x"], inputs["qr"], inputs["index_k_cache"], inputs["wq_b"], inputs["weights_proj"],
+        inputs["x"], inputs["qr"], inputs["index_k_cache"], weight(inputs, "wq_b"), inputs["weights_proj"],
         _as_complex(inputs["freqs"]), int(params["start"]), int(params["ratio"]), int(params["index_topk"]),
         int(params.get("offset", 0)), candidates)
     return {"ids": _leak_policy(ids, candidates, params), "scores": scores}

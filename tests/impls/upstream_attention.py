@@ -32,9 +32,9 @@ def attention_call(inputs: dict, params: dict) -> dict:
     start, x = int(params["start"]), inputs["x"]
     freqs_cis = up.precompute_freqs_cis(**rope_params(cfg, role.ratio))
     freqs = freqs_cis[start:start + x.shape[1]]
-    qr = up.rms_norm(up.linear(x, _weight(inputs, "wq_a")), inputs["q_norm"], cfg.norm_eps)
-    q = up.apply_rotary_emb(up.linear(qr, _weight(inputs, "wq_b")).unflatten(-1, (cfg.n_heads, cfg.head_dim)), freqs)
-    kv = up.rms_norm(up.linear(x, _weight(inputs, "wkv")), inputs["kv_norm"], cfg.norm_eps)
+    qr = up.rms_norm(up.linear(x, weight(inputs, "wq_a")), inputs["q_norm"], cfg.norm_eps)
+    q = up.apply_rotary_emb(up.linear(qr, weight(inputs, "wq_b")).unflatten(-1, (cfg.n_heads, cfg.head_dim)), freqs)
+    kv = up.rms_norm(up.linear(x, weight(inputs, "wkv")), inputs["kv_norm"], cfg.norm_eps)
     kv = up.act_quant(up.apply_rotary_emb(kv, freqs)).y
     window_kv, window_ids, window = window_part(inputs["window"], kv, start)
     out = {"window": window, "window_ids": window_ids}
@@ -51,10 +51,10 @@ def _output_projection(o: torch.Tensor, inputs: dict, cfg: AttnConfig) -> torch.
     b, S = o.shape[:2]
     wo_a = inputs["wo_a"].view(cfg.o_groups, cfg.o_lora_rank, -1)
     z = torch.einsum("bsgd,grd->bsgr", o.reshape(b, S, cfg.o_groups, -1), wo_a)
-    return up.linear(z.flatten(2), _weight(inputs, "wo_b"))
+    return up.linear(z.flatten(2), weight(inputs, "wo_b"))
 
 
-def _weight(inputs: dict, name: str):
+def weight(inputs: dict, name: str):
     """A Linear's weight: (codes, tile scales) for an fp8 Linear (`<name>.scale` given), else the tensor."""
     scale = inputs.get(f"{name}.scale")
     return inputs[name] if scale is None else (inputs[name], scale)
@@ -114,7 +114,7 @@ def _select(inputs: dict, cfg: AttnConfig, role: LayerRole, qr: torch.Tensor, st
         ids = torch.zeros(b, S, 0, dtype=torch.int32)
     else:
         consumed = inputs["rt.candidates"] if role.candidate_source is not None else None
-        ids, scores = up.indexer_forward(x, qr, _slot(inputs, out, "index_k"), _weight(inputs, "idx.wq_b"),
+        ids, scores = up.indexer_forward(x, qr, _slot(inputs, out, "index_k"), weight(inputs, "idx.wq_b"),
                                          inputs["idx.weights_proj"], freqs, start, role.ratio, cfg.index_topk,
                                          offset, consumed)
         if role.is_candidate_source:
