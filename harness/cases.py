@@ -17,6 +17,7 @@ SHA-256 of the id, so renaming a case changes its data and nothing else does.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,8 +94,11 @@ def load_cases(cases_dir: Path, select: list[str] | None = None) -> list[CaseSpe
                 raise CaseSpecError(
                     f"{spec.source}: unknown component {spec.component!r}; known: {', '.join(sorted(registry))}"
                 )
-            expand = registry[spec.component].extra.get("expand")
+            component = registry[spec.component]
+            expand = component.extra.get("expand")
             for concrete in expand(spec) if expand else [spec]:
+                # every param has a declared type: the YAML literal's spelling no longer matters
+                concrete = dataclasses.replace(concrete, params=component.typed_params(concrete.params, concrete.source))
                 case_id = concrete.id
                 if case_id in seen:
                     raise CaseSpecError(f"{concrete.source}: duplicate case id {case_id} (first in {seen[case_id]})")

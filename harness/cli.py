@@ -7,6 +7,8 @@ configuration error (bad flag, malformed conformance.yaml, unknown --impl, a rep
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import os
 import shlex
@@ -19,11 +21,17 @@ from .errors import HarnessError, UsageError
 from .ids import parse_select
 
 
-def _config(path: str | None, tier: str = "small"):
+def _config(path: str | None, tier: str = "small", goldens: str | None = None, cases: str | None = None):
+    """conformance.yaml (its `goldens:` and `cases:` relative to its own folder), then --tier, then
+    --goldens / --cases (relative to the current directory)."""
     from .config import load_config
 
     config = load_config(Path(path) if path else None)
     config.validate()
+    if goldens:
+        config = dataclasses.replace(config, goldens=Path(goldens).resolve())
+    if cases:
+        config = dataclasses.replace(config, cases=Path(cases).resolve())
     return config.for_tier(tier)
 
 
@@ -34,6 +42,15 @@ def _fail_usage(exc: Exception) -> None:
 
 config_option = click.option("--config", "config_path", default=None, help="path to conformance.yaml (default: search upwards)")
 select_option = click.option("--select", "-s", multiple=True, help="shell-style patterns over case ids (repeat or comma separate)")
+
+
+def store_options(fn):
+    fn = click.option("--cases", "cases_dir", default=None, type=click.Path(file_okay=False),
+                      help="case files (default: conformance.yaml's cases:, relative to that file)")(fn)
+    return click.option("--goldens", "goldens_dir", default=None, type=click.Path(file_okay=False),
+                        help="the golden store (default: conformance.yaml's goldens:, relative to that file)")(fn)
+
+
 tier_option = click.option("--tier", default="small", show_default=True,
                            help="small (the goldens in git) or production (built locally, pinned by SHA-256)")
 
@@ -56,20 +73,23 @@ def main() -> None:
 @click.option("--shard", default=None, help="I/N: run only shard I of N (deterministic split by case id)")
 @click.option("--pytest-args", default="", help="extra pytest arguments, e.g. \"--tx ssh=host//python=python3\"")
 @tier_option
+@store_options
 @config_option
-def run(impl, select, report_dir, workers, device, timeout, no_isolate, shard, pytest_args, tier, config_path):
+def run(impl, select, report_dir, workers, device, timeout, no_isolate, shard, pytest_args, tier, goldens_dir,
+        cases_dir, config_path):
     """Run an implementation against the goldens and write the conformance report."""
     from .report import render_table
     from .session import RunOptions
     from .session import run as run_session
 
     try:
-        config = _config(config_path, tier)
+        config = _config(config_path, tier, goldens_dir, cases_dir)
         _check_device(device)
         _check_run_flags(workers, timeout, Path(report_dir), config)
         options = RunOptions(impl=impl, select=parse_select(select), report_dir=Path(report_dir), workers=str(workers),
                              device=device, timeout=timeout, isolate=not no_isolate, shard=_parse_shard(shard),
-                             pytest_args=tuple(shlex.split(pytest_args)), config_path=config_path, tier=tier)
+                             pytest_args=tuple(shlex.split(pytest_args)), config_path=config_path, tier=tier,
+                             stores=(goldens_dir, cases_dir))
         doc = run_session(config, options)  # writes the reports while it holds the report dir
     except HarnessError as exc:
         _fail_usage(exc)
@@ -125,8 +145,9 @@ def _check_device(device: str) -> None:
 @select_option
 @click.option("--check", is_flag=True, help="regenerate in memory and report drift against the frozen goldens; write nothing")
 @tier_option
+@store_options
 @config_option
-def generate(select, check, tier, config_path):
+def generate(select, check, tier, goldens_dir, cases_dir, config_path):
     """Write goldens from the reference (or, with --check, prove they still match it)."""
     from .generate import generate as run_generate
     from .generate import print_progress
@@ -136,7 +157,7 @@ def generate(select, check, tier, config_path):
     if tier == "small":  # the small tier's reference is many tiny ops: threads only add synchronisation
         torch.set_num_threads(1)
     try:
-        config = _config(config_path, tier)
+        config = _config(config_path, tier, goldens_dir, cases_dir)
         report = run_generate(config, parse_select(select), check=check, progress=print_progress())
     except HarnessError as exc:
         _fail_usage(exc)
@@ -158,14 +179,15 @@ def generate(select, check, tier, config_path):
 
 @main.command()
 @tier_option
+@store_options
 @config_option
-def verify(tier, config_path):
+def verify(tier, goldens_dir, cases_dir, config_path):
     """Check every golden against MANIFEST.json and the schema."""
     from .generate import verify as run_verify
     from .golden import read_manifest
 
     try:
-        config = _config(config_path, tier)
+        config = _config(config_path, tier, goldens_dir, cases_dir)
         problems = run_verify(config)
         count = len(set(read_manifest(config.goldens, drop_invalid=True)))
     except HarnessError as exc:
@@ -178,22 +200,28 @@ def verify(tier, config_path):
 
 @main.command(name="list")
 @select_option
-@click.option("--components", "only_components", is_flag=True, help="list components with their outputs and policies")
+@click.option("--components", "only_components", is_flag=True,
+              help="the component catalogue: inputs, returns, compared outputs, params, dims")
+@click.option("--json", "as_json", is_flag=True, help="with --components: machine-readable")
+@click.option("--markdown", "as_markdown", is_flag=True, help="with --components: docs/catalogue.md")
 @tier_option
+@store_options
 @config_option
-def list_cases(select, only_components, tier, config_path):
-    """List components and cases."""
+def list_cases(select, only_components, as_json, as_markdown, tier, goldens_dir, cases_dir, config_path):
+    """List cases, or (--components) the component catalogue."""
     from .cases import load_cases
+    from .catalogue import catalogue, render_markdown, render_text
     from .registry import components
 
     try:
-        config = _config(config_path, tier)
+        config = _config(config_path, tier, goldens_dir, cases_dir)
         registry = components()
         if only_components:
-            for name, comp in sorted(registry.items()):
-                click.echo(f"{name}: {comp.summary} [{comp.upstream}]")
-                for out in comp.outputs:
-                    click.echo(f"    out.{out.name}: {config.policy(comp, out.name).describe()}")
+            doc = catalogue(config, registry)
+            if as_json:
+                click.echo(json.dumps(doc, indent=1))
+            else:
+                click.echo(render_markdown(doc) if as_markdown else render_text(doc), nl=False)
             return
         specs = load_cases(config.cases, parse_select(select))
     except HarnessError as exc:
@@ -203,6 +231,31 @@ def list_cases(select, only_components, tier, config_path):
         click.echo(spec.id)
         by_component[spec.component] = by_component.get(spec.component, 0) + 1
     click.echo(f"{len(specs)} case(s) in {len(by_component)} component(s)", err=True)
+
+
+@main.command()
+@click.argument("case_ids", nargs=-1, required=True)
+@click.option("--dump", "dump_dir", default=None, type=click.Path(file_okay=False),
+              help="write each call's request (and the reference's response) as a subprocess program gets them; "
+                   "with several cases, one folder <component>__<case> each")
+@click.option("--values", default=6, show_default=True, help="values shown per tensor")
+@tier_option
+@store_options
+@config_option
+def show(case_ids, dump_dir, values, tier, goldens_dir, cases_dir, config_path):
+    """Print cases: params, and every tensor's name, dtype, shape and first values."""
+    from .show import dump_requests, render_case
+
+    try:
+        config = _config(config_path, tier, goldens_dir, cases_dir)
+        for case_id in case_ids:
+            click.echo(render_case(config, case_id, values), nl=False)
+            if dump_dir:
+                folder = Path(dump_dir) / (case_id.replace("/", "__") if len(case_ids) > 1 else "")
+                calls = dump_requests(config, case_id, folder)
+                click.echo(f"wrote {len(calls)} request(s) and response(s) to {folder} (calls.json lists them)")
+    except HarnessError as exc:
+        _fail_usage(exc)
 
 
 @main.command()

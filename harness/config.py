@@ -28,7 +28,7 @@ IMPL_FLAGS = {"accept_ties": ("index", "accept_ties", True),
               "accept_near_ties": ("index", "accept_near_ties", True),
               "strict_boundaries": ("quantised", "accept_boundary", False)}
 IMPL_KEYS = {"python", "command", "batch", "kind", "device", "expectations", "tolerances", "note",
-             "options", *IMPL_FLAGS}
+             "options", "supports", *IMPL_FLAGS}
 
 
 TIERS = ("small", "production")  # production: built locally, pinned by SHA-256 (docs/tiers.md)
@@ -188,6 +188,10 @@ def load_config(path: Path | None = None) -> Config:
         for flag in IMPL_FLAGS:
             if flag in impl and not isinstance(impl[flag], bool):
                 raise UsageError(f"{path}: impls.{name}.{flag} must be true or false, not {impl[flag]!r}")
+        supports = impl.get("supports")
+        if supports is not None and (not isinstance(supports, list) or not all(isinstance(p, str) for p in supports)):
+            raise UsageError(f"{path}: impls.{name}.supports must be a list of component name patterns "
+                             f"(e.g. [quant.*, indexer.select]), not {supports!r}")
     for section in ("defaults", "components"):
         value = config.tolerances.get(section, {})
         if value is not None and not isinstance(value, dict):

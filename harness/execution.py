@@ -9,6 +9,7 @@ in a spawned child process (see `harness.isolation`): a crash or a hang becomes 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,14 @@ from .config import Config, load_config
 from .errors import GoldenError, HarnessError
 from .golden import read_manifest
 from .runner import CaseResult, run_case
+
+
+def stores_of(config: Config, run: dict) -> Config:
+    """The run's tier and stores (--tier, --goldens, --cases) applied to its conformance.yaml."""
+    config = config.for_tier(run.get("tier", "small"))
+    if "goldens_dir" in run:
+        config = dataclasses.replace(config, goldens=Path(run["goldens_dir"]), cases=Path(run["cases_dir"]))
+    return config
 
 
 @dataclass
@@ -42,7 +51,7 @@ class CaseExecutor:
         # process runs them. CONFORMANCE_THREADS overrides both (a big CPU port, say).
         import torch
 
-        config = load_config(Path(run["config"])).for_tier(run.get("tier", "small"))
+        config = stores_of(load_config(Path(run["config"])), run)
         alone = config.tier != "small" and "PYTEST_XDIST_WORKER" not in os.environ
         torch.set_num_threads(int(os.environ.get("CONFORMANCE_THREADS", torch.get_num_threads() if alone else 1)))
         spec = ImplSpec(**run["impl"])

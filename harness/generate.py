@@ -55,7 +55,7 @@ def build_golden(spec: CaseSpec, config: Config) -> Golden:
     """Run one case through the reference and assemble its golden (not yet written)."""
     component = get(spec.component)
     inputs = component.build(dict(spec.params), dict(spec.build), spec.generator())
-    missing = [n for n in component.inputs if n not in inputs]
+    missing = [t.name for t in component.inputs if not t.when and t.name not in inputs]
     if missing:
         raise GenerationError(f"{spec.id}: input builder did not produce {missing}")
     frozen = {k: v.clone() for k, v in inputs.items()}
@@ -273,7 +273,7 @@ def verify(config: Config) -> dict[str, str]:
             names = set(component.output_names(golden.meta["params"]))
             if component.expected_outputs is None and names != set(golden.outputs):
                 raise GoldenError(f"{golden.path}: outputs {sorted(golden.outputs)} but {component.name} declares {sorted(names)}")
-            missing_in = [n for n in component.inputs if n not in golden.inputs]
+            missing_in = [t.name for t in component.inputs if not t.when and t.name not in golden.inputs]
             if missing_in:
                 raise GoldenError(f"{golden.path}: lacks input(s) {missing_in}")
         except (GoldenError, KeyError) as exc:

@@ -91,6 +91,8 @@ class IsolatedWorker:
         self.run_config = {
             "config": str(executor.config.path),
             "tier": executor.config.tier,
+            "goldens_dir": str(executor.config.goldens),
+            "cases_dir": str(executor.config.cases),
             "impl": {"name": executor.spec.name, "kind": executor.spec.kind, "target": executor.spec.target,
                      "root": executor.spec.root, "conf": executor.spec.conf},
             "device": executor.device,

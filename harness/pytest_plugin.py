@@ -51,8 +51,8 @@ def _context(run: dict):
         from .execution import CaseExecutor
 
         _CONTEXT.clear()
-        _CONTEXT["token"] = key
-        _CONTEXT["executor"] = CaseExecutor.from_run(run)
+        executor = CaseExecutor.from_run(run)  # a failure here repeats for every case, never a KeyError
+        _CONTEXT.update(token=key, executor=executor)
     return _CONTEXT["executor"]
 
 

@@ -26,13 +26,87 @@ Params = dict[str, Any]
 Call = Callable[[Tensors, Params], Tensors]
 
 
+DTYPES = ("bf16", "f16", "f32", "f64", "int64", "int32", "uint8", "bool")
+PARAM_TYPES = ("int", "float", "bool", "str", "int_list", "int_pairs", "mapping")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """An input (or a returned tensor that is not compared as is): name, dtype, symbolic shape.
+
+    dtype: one of DTYPES, or alternatives joined by '|' ("bf16|f32"), or "as <name>" (the dtype
+    of another tensor). shape: symbols separated by spaces ("b S dim"; "" for a 0-dim tensor;
+    "..." for any leading dims); each symbol's meaning is in the component's `dims`.
+    """
+
+    name: str
+    dtype: str
+    shape: str
+    doc: str = ""
+    when: str = ""  # present only under this condition (e.g. "weights: fp8"); always when empty
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A case parameter: its type (PARAM_TYPES), meaning and unit. `driver`: set by the step
+    driver for each call (start, end, ...), not by the case file."""
+
+    name: str
+    type: str
+    doc: str
+    unit: str = ""
+    required: bool = True
+    choices: tuple = ()
+    driver: bool = False
+
+    def coerce(self, value: Any, where: str) -> Any:
+        """The value as this type, whatever the YAML literal's spelling; CaseSpecError otherwise."""
+        from .errors import CaseSpecError
+
+        def bad() -> CaseSpecError:
+            return CaseSpecError(f"{where}: param '{self.name}' must be {self.type} ({self.doc}), not {value!r}")
+
+        if self.type == "bool":
+            if not isinstance(value, bool):
+                raise bad()
+        elif self.type == "int":
+            if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+                raise bad()
+            value = int(value)
+        elif self.type == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise bad()
+            value = float(value)
+        elif self.type == "str":
+            if not isinstance(value, str):
+                raise bad()
+        elif self.type == "int_list":
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                raise bad()
+            value = [int(v) for v in value]
+        elif self.type == "int_pairs":
+            if not isinstance(value, (list, tuple)) or not all(
+                    isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(v, int) for v in p) for p in value):
+                raise bad()
+            value = [[int(a), int(b)] for a, b in value]
+        elif self.type == "mapping":
+            if not isinstance(value, dict):
+                raise bad()
+        if self.choices and value not in self.choices:
+            raise CaseSpecError(f"{where}: param '{self.name}' must be one of {list(self.choices)}, not {value!r}")
+        return value
+
+
 @dataclass(frozen=True)
 class OutputSpec:
-    """One output tensor: its name, comparison kind and what the kind needs."""
+    """One output tensor: its name, dtype and symbolic shape (as TensorSpec), comparison kind and
+    what the kind needs."""
 
     name: str
     kind: str
     doc: str = ""
+    dtype: str = ""
+    shape: str = ""
     scores: str | None = None  # index kind: aux tensor of reference scores ("in.<name>" for an input)
     order: str = "sequence"
     largest: bool = True
@@ -94,7 +168,7 @@ class Component:
     name: str
     summary: str
     upstream: str
-    inputs: tuple[str, ...]
+    inputs: tuple[TensorSpec, ...]
     outputs: tuple[OutputSpec, ...]
     build: Callable[[Params, Params, torch.Generator], Tensors]  # (params, build, gen) -> inputs
     reference: Call
@@ -108,6 +182,33 @@ class Component:
     reference_with_aux: Callable[[Tensors, Params], tuple[Tensors, Tensors]] | None = None
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    params: tuple[ParamSpec, ...] = ()
+    dims: dict[str, str] = field(default_factory=dict)  # symbolic dim -> its meaning
+    # What one call returns when that differs from the compared outputs (stepped components and
+    # outputs the harness derives), and how each compared output comes from it.
+    returns: tuple[TensorSpec, ...] | None = None
+    derived: dict[str, str] = field(default_factory=dict)
+    steps: str = ""  # stepped components: what one call is, and what it receives besides the inputs
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.inputs)
+
+    def param_spec(self, name: str) -> ParamSpec | None:
+        return next((p for p in self.params if p.name == name), None)
+
+    def typed_params(self, params: Params, where: str) -> Params:
+        """Every case param checked and converted to its declared type (CaseSpecError otherwise)."""
+        from .errors import CaseSpecError
+
+        unknown = sorted(k for k in params if self.param_spec(k) is None)
+        if unknown:
+            raise CaseSpecError(f"{where}: {self.name} has no param(s) {unknown}; it takes "
+                                f"{[p.name for p in self.params if not p.driver]}")
+        missing = [p.name for p in self.params if p.required and not p.driver and p.name not in params]
+        if missing:
+            raise CaseSpecError(f"{where}: {self.name} needs param(s) {missing}")
+        return {k: self.param_spec(k).coerce(v, where) for k, v in params.items()}
 
     def output_names(self, params: Params) -> tuple[str, ...]:
         if self.expected_outputs is not None:

@@ -71,6 +71,7 @@ class RunOptions:
     pytest_args: tuple[str, ...] = ()
     config_path: str | None = None  # --config as the user gave it (for re-run commands)
     tier: str = "small"
+    stores: tuple[str | None, str | None] = (None, None)  # --goldens, --cases as given
 
     def repro(self, case_id: str) -> str:
         """The command that re-runs exactly this case the way this run ran it."""
@@ -79,6 +80,9 @@ class RunOptions:
             parts += ["--config", self.config_path]
         if self.tier != "small":
             parts += ["--tier", self.tier]
+        for flag, value in zip(("--goldens", "--cases"), self.stores):
+            if value:
+                parts += [flag, value]
         if self.device != "cpu":
             parts += ["--device", self.device]
         if self.timeout is not None:
@@ -139,6 +143,8 @@ def run(config: Config, options: RunOptions) -> dict:
             "run_dir": str(run_dir.path.resolve()),
             "config": str(config.path),
             "tier": config.tier,
+            "goldens_dir": str(config.goldens.resolve()),
+            "cases_dir": str(config.cases.resolve()),
             "impl": {"name": spec.name, "kind": spec.kind, "target": spec.target, "root": spec.root, "conf": spec.conf},
             "device": options.device,
             "timeout": options.timeout or config.timeout,

@@ -62,3 +62,28 @@ def pytest_configure(config):
     import torch
 
     torch.set_num_threads(1)  # xdist workers share 2 cores; oversubscription makes tests crawl
+
+
+def _build_example(tmp_path_factory, folder: str, files: tuple[str, ...], program: str) -> Path:
+    """Build an example program in a private copy (parallel workers never share a build)."""
+    build = tmp_path_factory.mktemp(folder)
+    for name in files:
+        shutil.copy(ROOT / "examples" / folder / name, build / name)
+    proc = subprocess.run(["make", "-C", str(build)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return build / "build" / program
+
+
+@pytest.fixture(scope="session")
+def c_binary(tmp_path_factory):
+    if shutil.which("gcc") is None:
+        pytest.fail("gcc is required to build the C example (apt-get install gcc)")
+    return _build_example(tmp_path_factory, "c", ("conformance_c.c", "safetensors_io.c", "safetensors_io.h",
+                                                  "Makefile"), "conformance_c")
+
+
+@pytest.fixture(scope="session")
+def rust_binary(tmp_path_factory):
+    if shutil.which("rustc") is None:
+        pytest.skip("no rustc on this machine: the Rust example (examples/rust) is not built or run")
+    return _build_example(tmp_path_factory, "rust", ("conformance_rs.rs", "Makefile"), "conformance_rs")

@@ -25,7 +25,7 @@ def test_list_shows_components_and_cases():
     proc = run_cli("list", "--select", "quant.e2m1")
     assert proc.returncode == 0 and "quant.e2m1/midpoints" in proc.stdout
     proc = run_cli("list", "--components")
-    assert "rope.apply" in proc.stdout and "out.y: bf16" in proc.stdout
+    assert "rope.apply" in proc.stdout and "compared y: bf16 [b, S, [h], d]: bf16:" in proc.stdout
 
 
 def _corrupt(project, case_id, how):

@@ -30,18 +30,6 @@ elif mode == "serve":
 '''
 
 
-@pytest.fixture(scope="module")
-def c_binary(tmp_path_factory):
-    if shutil.which("gcc") is None:
-        pytest.fail("gcc is required to build the C example (apt-get install gcc)")
-    build = tmp_path_factory.mktemp("cbuild")
-    for name in ("conformance_c.c", "safetensors_io.c", "safetensors_io.h", "Makefile"):
-        shutil.copy(ROOT / "examples" / "c" / name, build / name)
-    proc = subprocess.run(["make", "-C", str(build)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    return build / "build" / "conformance_c"
-
-
 def _project(tmp_path, impls: dict):
     project = make_project(tmp_path, COMPONENTS)
     config = project / "conformance.yaml"

@@ -11,6 +11,7 @@ Accepted forms, tried in this order:
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import importlib.util
 import sys
@@ -66,7 +67,9 @@ def instantiate(spec: ImplSpec):
 
         return ReferenceAdapter()
     if spec.kind == "python":
-        return _check_protocol(_load_target(spec.target, Path(spec.root)), spec.target)
+        impl = _check_protocol(_load_target(spec.target, Path(spec.root)), spec.target)
+        patterns = supports_patterns(spec.conf, spec.name)
+        return impl if patterns is None else Restricted(impl, patterns)
     if spec.kind == "subprocess":
         from .subprocess_adapter import SubprocessAdapter
 
@@ -121,3 +124,35 @@ def _check_protocol(obj, target: str):
             "supports(component) -> bool and run(component, inputs, params) -> dict of tensors"
         )
     return obj
+
+
+def supports_patterns(conf: dict[str, Any], name: str) -> list[str] | None:
+    """`supports:` of an implementation's conformance.yaml entry: shell patterns over component
+    names (`quant.*`, `indexer.select`), or None when the entry has none."""
+    patterns = conf.get("supports")
+    if patterns is None:
+        return None
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise UsageError(f"conformance.yaml: impls.{name}.supports must be a list of component name patterns, "
+                         f"such as [quant.*, indexer.select]; got {patterns!r}")
+    return patterns
+
+
+def matches_any(component: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(component, p) for p in patterns)
+
+
+class Restricted:
+    """An implementation limited to the components its `supports:` patterns name."""
+
+    def __init__(self, impl, patterns: list[str]):
+        self.impl, self.patterns = impl, patterns
+
+    def supports(self, component: str) -> bool:
+        return matches_any(component, self.patterns) and bool(self.impl.supports(component))
+
+    def run(self, component, inputs, params):
+        return self.impl.run(component, inputs, params)
+
+    def __getattr__(self, name):  # prepare() and the like reach the implementation
+        return getattr(self.impl, name)

@@ -6,9 +6,10 @@ the metadata key `params`) to a safetensors file, and the program writes its out
 - single mode: `COMMAND run COMPONENT INPUTS OUTPUTS` once per call; exit 0 means success.
 - batch mode (`batch: true`): `COMMAND serve` stays alive; the harness writes
   `run COMPONENT INPUTS OUTPUTS` lines to its stdin and reads one line back per request:
-  `ok` or `error <message>`.
-Capabilities: `supports:` in conformance.yaml, or else the output of `COMMAND components`
-(one component name per line), asked once.
+  `ok`, `error <message>` or `unsupported <reason>` (that case alone is `unsupported`).
+In single mode a stdout line `unsupported <reason>` (exit 0, no output file) declines the case.
+Capabilities: `supports:` patterns in conformance.yaml, or else the output of `COMMAND components`
+(one component name or pattern per line), asked once.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..errors import UsageError
+from .base import Unsupported
 
 
 class ImplementationError(RuntimeError):
@@ -43,16 +45,37 @@ def _command(conf: dict[str, Any], name: str, root: Path) -> list[str]:
     return command
 
 
-def scalar_params(params: dict[str, Any]) -> dict[str, torch.Tensor]:
-    out = {}
+def param_tensors(params: dict[str, Any], prefix: str = "param.") -> dict[str, torch.Tensor]:
+    """Every param as tensors, by its type (the catalogue declares each param's type):
+
+    int -> I64 [], float -> F64 [], bool -> BOOL [], str -> U8 [n] (UTF-8 bytes), a list of ints ->
+    I64 [n], a list of pairs -> I64 [n, 2], a mapping -> one tensor per field, named
+    `param.<name>.<field>` (recursively; None fields are left out).
+    """
+    out: dict[str, torch.Tensor] = {}
     for key, value in params.items():
+        name = f"{prefix}{key}"
         if isinstance(value, bool):
-            out[f"param.{key}"] = torch.tensor(int(value), dtype=torch.int64)
+            out[name] = torch.tensor(value, dtype=torch.bool)
         elif isinstance(value, int):
-            out[f"param.{key}"] = torch.tensor(value, dtype=torch.int64)
+            out[name] = torch.tensor(value, dtype=torch.int64)
         elif isinstance(value, float):
-            out[f"param.{key}"] = torch.tensor(value, dtype=torch.float64)
+            out[name] = torch.tensor(value, dtype=torch.float64)
+        elif isinstance(value, str):
+            out[name] = torch.tensor(list(value.encode("utf-8")), dtype=torch.uint8)
+        elif isinstance(value, dict):
+            out.update(param_tensors(value, f"{name}."))
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, (int, list, tuple)) for v in value):
+            out[name] = torch.tensor(value, dtype=torch.int64).reshape(len(value), *([2] if value and
+                                                                                    isinstance(value[0], (list, tuple)) else []))
     return out
+
+
+def write_request(path: Path, component: str, inputs: dict[str, torch.Tensor], params: dict[str, Any]) -> None:
+    """One call's input file, exactly as a program receives it (docs/subprocess-protocol.md)."""
+    tensors = {k: v.detach().cpu().contiguous() for k, v in inputs.items()}
+    tensors.update(param_tensors(params))
+    save_file(tensors, str(path), metadata={"component": component, "params": json.dumps(params)})
 
 
 class SubprocessAdapter:
@@ -63,7 +86,7 @@ class SubprocessAdapter:
         self.batch = batch
         self.root = root
         self.call_timeout = call_timeout
-        self._supports = set(supports) if supports is not None else None
+        self._supports = list(supports) if supports is not None else None
         self._server: subprocess.Popen | None = None
         self._stderr = None  # the batch process's stderr file
         self._stderr_read = 0
@@ -72,29 +95,30 @@ class SubprocessAdapter:
 
     @classmethod
     def from_conf(cls, name: str, conf: dict[str, Any], root: Path) -> SubprocessAdapter:
-        supports = conf.get("supports")
-        if supports is not None and (not isinstance(supports, list) or not all(isinstance(s, str) for s in supports)):
-            raise UsageError(f"conformance.yaml: impls.{name}.supports must be a list of component names")
-        adapter = cls(name, _command(conf, name, root), bool(conf.get("batch", False)), supports, root)
+        from .loader import supports_patterns
+
+        adapter = cls(name, _command(conf, name, root), bool(conf.get("batch", False)),
+                      supports_patterns(conf, name), root)
         if not Path(adapter.command[0]).exists() and not _on_path(adapter.command[0]):
             raise UsageError(f"impls.{name}: command {adapter.command[0]!r} not found (build it first?)")
         return adapter
 
     def supports(self, component: str) -> bool:
+        """`supports:` patterns from conformance.yaml when given, else what `COMMAND components` lists."""
+        from .loader import matches_any
+
         if self._supports is None:
             proc = subprocess.run([*self.command, "components"], capture_output=True, text=True, timeout=60, cwd=self.root)
             if proc.returncode != 0:
                 raise ImplementationError(f"`{' '.join(self.command)} components` exited {proc.returncode}: {proc.stderr[-500:]}")
-            self._supports = {line.strip() for line in proc.stdout.splitlines() if line.strip()}
-        return component in self._supports
+            self._supports = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+        return matches_any(component, self._supports)
 
     def run(self, component: str, inputs: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, torch.Tensor]:
         self._count += 1
         folder = Path(self._tmp.name)
         in_path, out_path = folder / f"in{self._count}.safetensors", folder / f"out{self._count}.safetensors"
-        tensors = {k: v.detach().cpu().contiguous() for k, v in inputs.items()}
-        tensors.update(scalar_params(params))
-        save_file(tensors, str(in_path), metadata={"component": component, "params": json.dumps(params)})
+        write_request(in_path, component, inputs, params)
         try:
             if self.batch:
                 try:
@@ -106,6 +130,10 @@ class SubprocessAdapter:
                                       capture_output=True, cwd=self.root)
                 _forward(1, proc.stdout)
                 _forward(2, proc.stderr)
+                declined = next((line for line in proc.stdout.decode("utf-8", "replace").splitlines()
+                                 if line.startswith("unsupported")), None)
+                if proc.returncode == 0 and declined is not None:
+                    raise Unsupported(declined[len("unsupported"):].strip() or "declined by the program")
                 if proc.returncode != 0:
                     stderr = proc.stderr.decode("utf-8", "replace").strip()
                     raise ImplementationError(f"exited with code {proc.returncode}: {stderr[-1000:]}")
@@ -140,6 +168,8 @@ class SubprocessAdapter:
             return
         if line.startswith("error"):
             raise ImplementationError(line[5:].strip() or "error")
+        if line.startswith("unsupported"):
+            raise Unsupported(line[len("unsupported"):].strip() or "declined by the program")
         # Its answers no longer line up with the requests: start a fresh process for the next case.
         self.close(kill=True)
         raise ImplementationError(f"this case broke the protocol: the batch process answered {line[:200]!r} instead of "

@@ -19,6 +19,8 @@ from ..reference import address as ad
 from ..reference import candidates as cd
 from ..reference import window as wn
 from ..registry import Component, OutputSpec, register
+from ..registry import ParamSpec as P
+from ..registry import TensorSpec as T
 from .build import need, normal
 from ..reference.numerics import randn
 
@@ -99,13 +101,19 @@ register(Component(
     summary="candidate blocks: block max (-inf padded), newest reachable block pinned +inf, top blocks kept, "
             "-inf picks dropped",
     upstream="M:583-610",
-    inputs=("logits", "compress_lens"),
+    inputs=(T("logits", "bf16", "b S W", "a source's visible index scores (rows >= compress_lens at -inf)"),
+            T("compress_lens", "int64", "S", "visible compressed rows per query")),
     outputs=(
-        OutputSpec("mask", "exact", "bool [b, S, W]: rows of the kept blocks (what an implementation returns)"),
-        OutputSpec("blocks", "index", "int32 [b, S, nb]: kept block ids ascending, then -1; derived by the "
-                   "harness from the returned mask, judged against aux.ranked_scores (pinned block +inf)",
-                   scores="ranked_scores", order="set"),
+        OutputSpec("mask", "exact", "rows of the kept blocks", "bool", "b S W"),
+        OutputSpec("blocks", "index", "kept block ids ascending, then -1; judged against aux.ranked_scores (pinned "
+                   "block +inf)", "int32", "b S nb", scores="ranked_scores", order="set"),
     ),
+    returns=(T("mask", "bool", "b S W", "rows of the kept blocks"),),
+    derived={"blocks": "the kept block ids of the returned mask, ascending, then -1 (the harness derives it, so a "
+                       "mask difference is also classified as tie order or a miss)"},
+    params=(P("topk_blocks", "int", "blocks kept per query (2048 in production)"),
+            P("block_size", "int", "compressed rows per block (8 in production)", "rows")),
+    dims={"b": "batch", "S": "queries", "W": "compressed rows", "nb": "ceil(W / block_size) blocks"},
     build=_select_inputs,
     reference=candidates_reference,
     execute=_candidates_execute,
@@ -158,8 +166,13 @@ register(Component(
     name="candidates.restore",
     summary="compact candidate offsets back to logical rows (+ the request offset), -1 kept",
     upstream="seed A.4.2 (restore_candidate_indices_inplace); M:583-610 for the kept set",
-    inputs=("compact", "kept"),
-    outputs=(OutputSpec("ids", "exact", "same dtype and shape as compact: logical row + request_offset, or -1"),),
+    inputs=(T("compact", "int32", "b S k", "offsets into the kept rows, -1 absent"),
+            T("kept", "bool|int32", "b S W|nk", "the keep mask [b, S, W], or kept block ids [b, S, nk] in the "
+              "runtime's order with -1 slots")),
+    outputs=(OutputSpec("ids", "exact", "logical row + request_offset, or -1", "as compact", "b S k"),),
+    params=(P("block_size", "int", "compressed rows per block", "rows"),
+            P("request_offset", "int", "the request's first row in the gathered buffer", "rows", required=False)),
+    dims={"b": "batch", "S": "queries", "k": "selected lanes", "W": "compressed rows", "nk": "kept blocks"},
     build=_restore_inputs,
     reference=lambda inputs, params: {"ids": cd.restore_candidates(
         inputs["compact"], inputs["kept"], int(params["block_size"]), int(params.get("request_offset", 0)))},
@@ -191,8 +204,14 @@ register(Component(
     summary="sliding-window ids: prefill rows clipped to the window, decode ring slots oldest first, -1 unfilled",
     upstream="M:409-426",
     inputs=(),
-    outputs=(OutputSpec("ids", "exact",
-                        "int32 [rows, width]: prefill [S, min(S, win)], decode [1, win], chunk [S, win]"),),
+    outputs=(OutputSpec("ids", "exact", "window lanes per query, -1 where nothing is visible", "int32", "rows width"),),
+    params=(P("mode", "str", "prefill, decode or chunk (the harness's generalisation)",
+              choices=("prefill", "decode", "chunk")),
+            P("win", "int", "window size", "positions"),
+            P("seqlen", "int", "tokens in the step (prefill, chunk)", "positions", required=False),
+            P("start", "int", "position of the step's first token (decode, chunk)", "positions", required=False),
+            P("ring_size", "int", "ring slots when they differ from win (chunk)", "slots", required=False)),
+    dims={"rows": "prefill S, decode 1, chunk S", "width": "prefill min(S, win), decode win, chunk win"},
     build=lambda params, build, gen: {},
     reference=window_reference,
     floor=4,
@@ -221,8 +240,10 @@ register(Component(
     name="address.prefill",
     summary="prefill: logical rows plus the request's offset in the gathered buffer, -1 kept",
     upstream="seed A.4.3 (_load_prefill_kv ks offset)",
-    inputs=("ids",),
-    outputs=(OutputSpec("ids", "exact", "same dtype and shape: id + base where id >= 0, else -1"),),
+    inputs=(T("ids", "int32", "b S K", "logical rows, -1 absent"),),
+    outputs=(OutputSpec("ids", "exact", "id + base where id >= 0, else -1", "int32", "b S K"),),
+    params=(P("base", "int", "the request's first row in the concatenated buffer", "rows"),),
+    dims={"b": "batch", "S": "queries", "K": "lanes"},
     build=lambda params, build, gen: {"ids": _logical_ids(build, gen, "address.prefill")},
     reference=lambda inputs, params: {"ids": ad.address_prefill(inputs["ids"], int(params["base"]))},
     floor=2,
@@ -247,8 +268,13 @@ register(Component(
     name="address.decode",
     summary="decode: logical row j -> block_table[j // (B/r)] * (B/r) + j % (B/r), -1 kept",
     upstream="seed A.4.3 (convert_kv_index)",
-    inputs=("ids", "block_table"),
-    outputs=(OutputSpec("slots", "exact", "same dtype and shape as ids: physical slot in the ratio-r cache, or -1"),),
+    inputs=(T("ids", "int32", "b S K", "logical rows, -1 absent"),
+            T("block_table", "int32", "[b] nblocks", "physical block of each logical block (one row per request)")),
+    outputs=(OutputSpec("slots", "exact", "physical slot in the ratio-r cache, or -1", "int32", "b S K"),),
+    params=(P("block_size", "int", "token positions per allocator block", "positions"),
+            P("ratio", "int", "compress ratio", choices=(1, 2))),
+    dims={"b": "batch", "S": "queries", "K": "lanes", "[b]": "requests (absent: one table for all)",
+          "nblocks": "logical blocks"},
     build=_decode_inputs,
     reference=lambda inputs, params: {"slots": ad.address_decode(
         inputs["ids"], inputs["block_table"], int(params["block_size"]), int(params["ratio"]))},

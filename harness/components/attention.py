@@ -27,6 +27,8 @@ from ..reference.fp8_linear import quantise_inputs, weight_input
 from ..reference.indexer import IndexerWeights
 from ..reference.runtime import POLICIES, LayerState, SharedRuntime
 from ..registry import Component, OutputSpec, register
+from ..registry import ParamSpec as P
+from ..registry import TensorSpec as T
 from ..schedules import parse_schedule_name, schedule_name, validate_schedule
 from .attention_steps import (BASE_WEIGHTS, SLOTS, config_of, drive_layers, expected_outputs,
                               is_upstream_schedule, window_part_length)
@@ -215,31 +217,86 @@ def _reference_with_aux(inputs, params):
 # --- registration ------------------------------------------------------------------------------
 
 OUTPUTS = (
-    OutputSpec("out", "bf16", "bf16 [b, S, dim]: the layer's attention output after wo_a/wo_b"),
-    OutputSpec("window_ids", "exact", "int32 [L, b, S, w]: every layer's window lanes (oldest first, -1 absent)"),
-    OutputSpec("compressed_ids", "index", "int32 [b, S, k]: selected compressed rows + offset, ascending, "
-               "-1 tail; judged tie-aware against aux sNN.lK.scores", order="set", scores="{prefix}scores"),
-    OutputSpec("candidates", "exact", "bool [b, S, T]: the candidate source's published block mask"),
-    OutputSpec("window_rows", "quantised", "bf16 [L, b, n, hd]: every layer's ring slots written this step, "
-               "oldest first (fp8 QDQ; boundary flips against aux sNN.window_pre)", quant="fp8_ue8m0",
+    OutputSpec("out", "bf16", "the layer's attention output after wo_a/wo_b", "bf16", "b S dim"),
+    OutputSpec("window_ids", "exact", "every layer's window lanes (oldest first, -1 absent)", "int32", "L b S w"),
+    OutputSpec("compressed_ids", "index", "selected compressed rows + offset, ascending, -1 tail; judged tie-aware "
+               "against aux sNN.lK.scores", "int32", "b S k", order="set", scores="{prefix}scores"),
+    OutputSpec("candidates", "exact", "the candidate source's published block mask", "bool", "b S T"),
+    OutputSpec("window_rows", "quantised", "every layer's ring slots written this step, oldest first (fp8 QDQ; "
+               "boundary flips against aux sNN.window_pre)", "bf16", "L b n hd", quant="fp8_ue8m0",
                pre="{prefix}window_pre", pre_tail=ROPE_TAIL),
-    OutputSpec("compress_rows", "quantised", "bf16 [b, G, hd]: compressed cache rows written this step (fp4 QDQ; "
-               "boundary flips against aux sNN.lK.compress_pre)", quant="fp4_e4m3", pre="{prefix}compress_pre",
+    OutputSpec("compress_rows", "quantised", "compressed cache rows written this step (fp4 QDQ; boundary flips "
+               "against aux sNN.lK.compress_pre)", "bf16", "b G hd", quant="fp4_e4m3", pre="{prefix}compress_pre",
                pre_tail=ROPE_TAIL),
-    OutputSpec("index_k_rows", "quantised", "bf16 [b, G, ihd]: index-key rows written this step (fp4 QDQ; "
-               "boundary flips against aux sNN.lK.index_k_pre)", quant="fp4_e8m0", pre="{prefix}index_k_pre",
+    OutputSpec("index_k_rows", "quantised", "index-key rows written this step (fp4 QDQ; boundary flips against aux "
+               "sNN.lK.index_k_pre)", "bf16", "b G ihd", quant="fp4_e8m0", pre="{prefix}index_k_pre",
                pre_tail=ROPE_TAIL),
-    OutputSpec("ring_pending", "f32", "fp32 [b, P, 2, hd]: the ratio-2 compressor ring's live slots"),
-    OutputSpec("published", "exact", "bool [L, 4]: layer l published compress_kv, index_k, topk_idxs, candidates"),
+    OutputSpec("ring_pending", "f32", "the ratio-2 compressor ring's live slots", "f32", "b Pn 2 hd"),
+    OutputSpec("published", "exact", "layer l published compress_kv, index_k, topk_idxs, candidates", "bool", "L 4"),
 )
+WEIGHT = "bf16|uint8"   # bf16, or float8_e4m3fn codes with weights: fp8
+INPUTS = (
+    T("x", "bf16", "L b Tn dim", "each layer's input rows for every position (a call gets x[layer, :, start:end])"),
+    T("attn_sink", "f32", "L h", "each layer's sink logits"),
+    T("wq_a", WEIGHT, "q_lora dim"), T("wq_a.scale", "uint8", "q_lora/32 dim/32", when="weights: fp8"),
+    T("q_norm", "bf16", "q_lora"),
+    T("wq_b", WEIGHT, "h*hd q_lora"), T("wq_b.scale", "uint8", "h*hd/32 q_lora/32", when="weights: fp8"),
+    T("wkv", WEIGHT, "hd dim"), T("wkv.scale", "uint8", "hd/32 dim/32", when="weights: fp8"),
+    T("kv_norm", "bf16", "hd"), T("wo_a", "bf16", "g*o_lora h*hd/g"),
+    T("wo_b", WEIGHT, "dim g*o_lora"), T("wo_b.scale", "uint8", "dim/32 g*o_lora/32", when="weights: fp8"),
+    T("comp.wkv", "bf16", "hd dim", "kv sources' compressor", when="a kv source"),
+    T("comp.wgate", "bf16", "hd dim", when="a ratio-2 kv source"), T("comp.norm", "bf16", "hd", when="a kv source"),
+    T("idx.wq_b", WEIGHT, "H*D q_lora", when="an index source"),
+    T("idx.wq_b.scale", "uint8", "H*D/32 q_lora/32", when="an index source, weights: fp8"),
+    T("idx.weights_proj", "bf16", "H dim", when="an index source"),
+    T("wk", "bf16", "D hd", when="a key-owning index source"), T("k_norm", "bf16", "D", when="a key-owning index source"),
+)
+RETURNS = (
+    T("out", "bf16", "b S dim"), T("window_ids", "int32", "b S w"), T("compressed_ids", "int32", "b S k"),
+    T("candidates", "bool", "b S T", when="the candidate source"),
+    T("window", "bf16", "b win hd", "the layer's window ring after the step"),
+    T("compress_kv", "bf16", "b max_seq/r hd", "the compressed cache", when="a kv source"),
+    T("comp_ring", "f32", "b Sr 2 hd", "the compressor ring", when="a kv source"),
+    T("index_k", "bf16", "b max_seq/r D", "the index-key cache", when="a key-owning index source"),
+    T("rt.<slot>", "as the slot", "", "each shared slot the layer published this step (compress_kv, index_k, "
+      "topk_idxs, candidates)", when="it published"),
+)
+PARAMS = (
+    P("config", "mapping", "every AttnConfig field (docs/attention.md)"),
+    P("config_name", "str", "the named config", required=False),
+    P("index_k_policy", "str", "§10.1: upstream (bit-faithful stale read) or fixed", choices=("upstream", "fixed")),
+    P("weights", "str", "the checkpoint dtype of the fp8-able Linears", required=False, choices=WEIGHT_MODES),
+    P("schedule", "int_pairs", "the steps [start, end)"),
+    P("schedule_name", "str", "the schedule's name", required=False),
+    P("schedule_kind", "str", "upstream or the harness's generalisation", required=False),
+    P("generalisation", "bool", "the schedule goes beyond upstream's prefill-then-single-token decode", required=False),
+    P("step", "int", "this call's step", driver=True),
+    P("start", "int", "this step's first position", "positions", driver=True),
+    P("end", "int", "one past this step's last position", "positions", driver=True),
+    P("layer", "int", "this call's layer", driver=True),
+    P("role", "mapping", "the layer's role (LayerRole fields: ratio, mode, sources)", driver=True),
+)
+DIMS = {"L": "layers", "b": "batch", "Tn": "positions of the whole schedule", "S": "tokens of the step",
+        "dim": "hidden size", "h": "heads", "hd": "head_dim", "q_lora": "q_lora_rank", "g": "o_groups",
+        "o_lora": "o_lora_rank", "H": "index heads", "D": "index_head_dim", "w": "window lanes per query",
+        "k": "compressed lanes per query", "T": "compressed rows visible at the step's end", "n": "ring slots written",
+        "G": "compressed rows written", "Pn": "pending positions", "2": "(score, latent)", "4": "the shared slots",
+        "win": "window_size", "Sr": "ring slots", "max_seq/r": "max_seq_len // ratio", "/32": "32-wide tiles"}
 
 
 register(Component(
     name=NAME,
     summary="attention of every layer over prefill + decode, shared runtime explicit; per step and layer",
     upstream="M:613-789 (Attention), M:1166-1180 (shared_attn); §10.1 policy; chunks: harness §10.3",
-    inputs=("x", "attn_sink", *BASE_WEIGHTS),
+    inputs=INPUTS,
     outputs=OUTPUTS,
+    returns=RETURNS,
+    params=PARAMS,
+    dims=DIMS,
+    steps="one call per (step, layer), layers in order: x [b, S, dim] is the layer's chunk, the weights its role "
+          "uses under the names above, its state (window; compress_kv, comp_ring; index_k) as it returned them and "
+          "the shared slots published so far as rt.<slot>; recorded per step as sNN.lK.<output> (per layer) and "
+          "sNN.<output> (stacked over layers)",
     build=_inputs,
     reference=_reference,
     execute=drive_layers,

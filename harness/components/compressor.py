@@ -26,6 +26,8 @@ from ..cases import CaseSpec, seed_for
 from ..errors import CaseSpecError
 from ..reference import compressor as cp
 from ..registry import Component, OutputSpec, register
+from ..registry import ParamSpec as P
+from ..registry import TensorSpec as T
 from ..schedules import (
     compositions, is_rollback, max_step, parse_schedule_name, ragged, schedule_name, validate_schedule,
 )
@@ -181,13 +183,31 @@ register(Component(
     name="compressor",
     summary="ratio 1/2 pre-RoPE latent rows over a chunk schedule; the fp32 state ring checked after every step",
     upstream="M:429-485 (Compressor); chunked steps: harness generalisation of §3.5/§10.3, seed 000 §A.1-A.2",
-    inputs=("x", "wkv", "wgate", "norm_w", "ring"),
+    inputs=(T("x", "bf16", "b n dim", "this step's inputs (the golden holds every step's, in step order)"),
+            T("wkv", "bf16", "hd dim", "promoted exactly to fp32 at ratio 2"),
+            T("wgate", "bf16", "hd dim", "ratio 2; empty [0, dim] at ratio 1"), T("norm_w", "bf16", "hd"),
+            T("ring", "f32", "b Sr 2 hd", "the ring the previous step returned (slot p % Sr: (score, latent))")),
     outputs=(
-        OutputSpec("rows", "bf16", "bf16 [b, G, hd]: pre-RoPE latents of the groups the step completed, in order"),
-        OutputSpec("row_positions", "exact", "int64 [G]: each completed group's first position j*r"),
-        OutputSpec("ring_live", "f32", "fp32 [b, P, 2, hd]: the ring's live slots (pending positions, in "
-                   "position order) of the fp32 [b, S, 2, hd] ring the step returns"),
+        OutputSpec("rows", "bf16", "pre-RoPE latents of the groups the step completed, in order", "bf16", "b G hd"),
+        OutputSpec("row_positions", "exact", "each completed group's first position j*r", "int64", "G"),
+        OutputSpec("ring_live", "f32", "the returned ring's live slots (pending positions, in position order)",
+                   "f32", "b Pn 2 hd"),
     ),
+    returns=(T("rows", "bf16", "b G hd"), T("row_positions", "int64", "G"),
+             T("ring", "f32", "b Sr 2 hd", "the new ring, in the layout it was given")),
+    derived={"ring_live": "the returned ring's slots of the open group's positions (live_slots), so no slot a "
+                          "future step never reads is judged"},
+    steps="one call per schedule step [start, end): x is that step's chunk, ring the ring the implementation "
+          "returned at the previous step (the golden's fresh ring at step 0); compared per step as sNN.<output>",
+    params=(P("ratio", "int", "compress ratio", choices=(1, 2), required=False),
+            P("schedule", "int_pairs", "the steps [start, end) in order (rollbacks start before the previous end)"),
+            P("eps", "float", "RMSNorm eps", required=False),
+            P("step", "int", "this call's step number", driver=True),
+            P("start", "int", "this step's first position", "positions", driver=True),
+            P("end", "int", "one past this step's last position", "positions", driver=True)),
+    dims={"b": "batch", "n": "the step's positions", "dim": "input width", "hd": "head_dim",
+          "Sr": "ring slots (>= r + longest step - 1)", "2": "(score, latent)", "G": "groups completed in the step",
+          "Pn": "pending positions of the open group"},
     build=_compressor_inputs,
     reference=_compressor_reference,
     execute=_compressor_execute,
@@ -228,10 +248,13 @@ register(Component(
     name="compressor.ring",
     summary="ring capacity: S >= r + q_max - 1 keeps every pair (7 at r = 2, q_max = 6); a smaller ring is refused",
     upstream="seed 000 §A.2 (state_cache.shape[1] >= compress_ratio + max_seqlen_q - 1); M:429-485",
-    inputs=("ring",),
+    inputs=(T("ring", "f32", "1 Sr 2 hd", "a fresh ring of Sr slots"),),
+    params=(P("ratio", "int", "compress ratio", choices=(1, 2), required=False),
+            P("q_max", "int", "the longest step the ring must take", "positions")),
+    dims={"Sr": "ring slots", "2": "(score, latent)", "hd": "head_dim"},
     outputs=(
-        OutputSpec("accepted", "exact", "bool []: would the implementation run steps of q_max positions on this ring"),
-        OutputSpec("min_slots", "exact", "int64 []: the smallest ring it accepts, r + q_max - 1 (0 at ratio 1)"),
+        OutputSpec("accepted", "exact", "would the implementation run steps of q_max positions on this ring", "bool", ""),
+        OutputSpec("min_slots", "exact", "the smallest ring it accepts, r + q_max - 1 (0 at ratio 1)", "int64", ""),
     ),
     build=_ring_inputs,
     reference=_ring_reference,
@@ -286,14 +309,24 @@ register(Component(
     summary="rows a step reserves: prefill max(1, n_c) (placeholder: position 0, slot -1, zero row); "
             "decode one per query",
     upstream="seed 000 §A.1.1 (prepare_tensor_input_v4.cpp:46-91); M:746-761",
-    inputs=("rows",),
+    inputs=(T("rows", "bf16", "b G hd", "the rows this step completed (the golden holds every step's, in order)"),),
     outputs=(
-        OutputSpec("row_positions", "exact", "int64 [R]: RoPE position j*r of each reserved row, 0 for a placeholder"),
-        OutputSpec("store_slots", "exact", "int64 [R]: compressed cache row j, -1 where nothing is stored"),
-        OutputSpec("valid", "exact", "bool [R]: the row is a completed group"),
-        OutputSpec("out_rows", "exact", "bf16 [b, R, hd]: the step's completed rows in their reserved rows, "
-                   "zeros elsewhere"),
+        OutputSpec("row_positions", "exact", "RoPE position j*r of each reserved row, 0 for a placeholder", "int64", "R"),
+        OutputSpec("store_slots", "exact", "compressed cache row j, -1 where nothing is stored", "int64", "R"),
+        OutputSpec("valid", "exact", "the row is a completed group", "bool", "R"),
+        OutputSpec("out_rows", "exact", "the step's completed rows in their reserved rows, zeros elsewhere",
+                   "bf16", "b R hd"),
     ),
+    steps="one call per schedule step; params.kind says prefill or decode",
+    params=(P("ratio", "int", "compress ratio", choices=(1, 2), required=False),
+            P("schedule", "int_pairs", "the steps [start, end)"),
+            P("decode_from", "int", "the first step that is a decode step", required=False),
+            P("step", "int", "this call's step number", driver=True),
+            P("start", "int", "this step's first position", "positions", driver=True),
+            P("end", "int", "one past this step's last position", "positions", driver=True),
+            P("kind", "str", "prefill or decode", driver=True, choices=("prefill", "decode"))),
+    dims={"b": "batch", "G": "groups completed in the step", "hd": "head_dim",
+          "R": "rows reserved: prefill max(1, G), decode one per query"},
     build=_metadata_inputs,
     reference=_metadata_reference,
     execute=_metadata_execute,

@@ -28,6 +28,8 @@ from ..reference import numerics as nx
 from ..reference import rope as rp
 from ..boundary import FORMATS, admissible_variants, pre_tolerance
 from ..registry import Component, OutputSpec, Rederived, register
+from ..registry import ParamSpec as P
+from ..registry import TensorSpec as T
 from ..ulps import ulp_of
 from .build import need, normal
 from ..reference.numerics import randn
@@ -35,6 +37,19 @@ from ..reference.numerics import randn
 NINF = float("-inf")
 LEAK_POLICIES = ("upstream", "drop")
 SCORE_KINDS = ("normal", "levels", "constant", "relu", "ninf_runs")
+
+SELECT_PARAMS = (
+    P("start", "int", "position of the chunk's first query", "positions"),
+    P("ratio", "int", "compress ratio (1 or 2)", choices=(1, 2)),
+    P("index_topk", "int", "compressed rows kept per query (512 in production)"),
+    P("offset", "int", "added to every selected row id: the window part's length", "rows", required=False),
+    P("candidate_leak", "str", "the §4.4 quirk policy: upstream (bit-faithful) or drop", required=False,
+      choices=("upstream", "drop")),
+)
+INDEX_DIMS = {"b": "batch", "S": "queries in the chunk", "T": "compressed rows, (start + S) // ratio",
+              "k": "min(index_topk, T)", "H": "index heads", "D": "index_head_dim", "dim": "hidden size",
+              "q_lora": "q_lora_rank", "rows": "cache rows (>= T; rows >= T are never read)",
+              "rope/2": "rotated pairs", "2": "(cos, sin)", "N/32": "ceil(H*D/32)", "q_lora/32": "tiles along K"}
 
 
 # --- shared pieces ---------------------------------------------------------------------------
@@ -119,9 +134,11 @@ register(Component(
     name="indexer.weights",
     summary="head weights: bf16 weights_proj(x) times index_head_dim^-0.5 * index_n_heads^-0.5",
     upstream="M:555",
-    inputs=("x", "weights_proj"),
-    outputs=(OutputSpec("weights", "bf16", "bf16 [b, S, H]; H = weights_proj rows; the multiplier is a "
-                        "Python float applied to the bf16 linear output (torch's bf16 * scalar)"),),
+    inputs=(T("x", "bf16", "b S dim"), T("weights_proj", "bf16", "H dim")),
+    outputs=(OutputSpec("weights", "bf16", "the multiplier index_head_dim^-0.5 * H^-0.5 is a Python float applied "
+                        "to the bf16 linear output (torch's bf16 * scalar)", "bf16", "b S H"),),
+    params=(P("index_head_dim", "int", "D, for the multiplier"),),
+    dims=INDEX_DIMS,
     build=_weights_inputs,
     reference=_weights_reference,
     floor=2,
@@ -150,9 +167,11 @@ register(Component(
     name="indexer.scores",
     summary="bf16 index scores: sum over heads of bf16(relu(bf16(q_h . k)) * w_h), fp32 sums",
     upstream="M:556-557",
-    inputs=("q", "k", "w"),
-    outputs=(OutputSpec("scores", "bf16", "bf16 [b, S, T] from q [b, S, H, D], k [b, T, D], w [b, S, H]; "
-                        "einsum rounded to bf16, ReLU, product rounded, head sum rounded; zeros are +0"),),
+    inputs=(T("q", "bf16", "b S H D", "post-RoPE, fp4-QDQ'd queries"), T("k", "bf16", "b T D", "index keys"),
+            T("w", "bf16", "b S H", "head weights")),
+    outputs=(OutputSpec("scores", "bf16", "einsum rounded to bf16, ReLU, product rounded, head sum rounded; zeros "
+                        "are +0", "bf16", "b S T"),),
+    dims=INDEX_DIMS,
     build=_scores_inputs,
     reference=lambda inputs, params: {"scores": ix.index_scores(inputs["q"], inputs["k"], inputs["w"])},
     floor=3,
@@ -233,20 +252,23 @@ def _select_aux(inputs, params, outputs):
             "id_limit": _id_limit(lens, inputs["scores"].shape[0], params)}
 
 
-IDS_DOC = ("int32 [b, S, min(index_topk, T)]: selected rows ascending + offset, then -1 "
-           "(judged as a set against aux.masked_scores; docs/index-verdicts.md)")
+IDS_DOC = ("selected rows ascending + offset, then -1 (judged as a set against aux.masked_scores; "
+           "docs/index-verdicts.md)")
 
 # Both selecting components judge ids the same way: as a set against the masked scores, with the
 # per-query id limit, -1 lanes standing for worst-score picks (docs/index-verdicts.md).
-IDS_SPEC = OutputSpec("ids", "index", IDS_DOC, scores="masked_scores", order="set", offset_param="offset",
-                      limit="id_limit", fill_is_worst=True)
+IDS_SPEC = OutputSpec("ids", "index", IDS_DOC, "int32", "b S k", scores="masked_scores", order="set",
+                      offset_param="offset", limit="id_limit", fill_is_worst=True)
 
 register(Component(
     name="indexer.select",
     summary="valid prefix (start+t+1)//ratio, candidate mask, torch CPU top-k, ascending ids + offset, -1 tail",
     upstream="M:563-580",
-    inputs=("scores", "candidates"),
+    inputs=(T("scores", "bf16", "b S T", "index scores (rows a query cannot see may hold anything)"),
+            T("candidates", "bool", "b S T", "level-one keep mask; all True for a non-consumer")),
     outputs=(IDS_SPEC,),
+    params=SELECT_PARAMS,
+    dims=INDEX_DIMS,
     build=_select_inputs,
     reference=select_reference,
     aux=_select_aux,
@@ -361,11 +383,19 @@ register(Component(
     name="indexer",
     summary="indexer forward: wq_b, RoPE, fp4 QDQ, head weights, scores, visibility, candidates, top-k",
     upstream="M:550-580",
-    inputs=("x", "qr", "index_k_cache", "wq_b", "weights_proj", "freqs", "candidates"),
+    inputs=(T("x", "bf16", "b S dim"), T("qr", "bf16", "b S q_lora"),
+            T("index_k_cache", "bf16", "b rows D", "published index keys (post-RoPE, fp4-QDQ'd)"),
+            T("wq_b", "bf16|uint8", "H*D q_lora", "bf16, or float8_e4m3fn codes with weights: fp8"),
+            T("wq_b.scale", "uint8", "N/32 q_lora/32", "e8m0 tile scales of the fp8 wq_b", when="weights: fp8"),
+            T("weights_proj", "bf16", "H dim"), T("freqs", "f32", "S rope/2 2", "(cos, sin) of positions start.."),
+            T("candidates", "bool", "b S T", "level-one keep mask; all True for a non-consumer")),
     outputs=(
         IDS_SPEC,
-        OutputSpec("scores", "bf16", "bf16 [b, S, T], T = (start + S) // ratio: index scores before any mask"),
+        OutputSpec("scores", "bf16", "index scores before any mask", "bf16", "b S T"),
     ),
+    params=SELECT_PARAMS + (P("rope_dim", "int", "rotated trailing channels of the query"),
+                            P("weights", "str", "the checkpoint dtype of wq_b", required=False, choices=("bf16", "fp8"))),
+    dims=INDEX_DIMS,
     build=_forward_inputs,
     reference=forward_reference,
     aux=_forward_aux,

@@ -25,6 +25,8 @@ from ..reference import kv_finish as kf
 from ..reference import rope as rp
 from ..reference.numerics import rms_norm
 from ..registry import Component, OutputSpec, register
+from ..registry import ParamSpec as P
+from ..registry import TensorSpec as T
 from .build import need, normal, tile_to
 
 # The compressed layers' RoPE table (§2.2): compress_rope_theta with YaRN, production constants.
@@ -78,32 +80,40 @@ def _ratio(params) -> int:
     return int(params.get("ratio", 2))
 
 
-def _quantised(name: str, fmt: str, encoding: str, pre: str, doc: str) -> OutputSpec:
+def _quantised(name: str, fmt: str, encoding: str, pre: str, doc: str, dtype: str, shape: str) -> OutputSpec:
     """A quantiser output judged exactly, with boundary flips against `pre` (docs/verdicts.md)."""
-    return OutputSpec(name, "quantised", doc, quant=fmt, encoding=encoding, pre=pre, pre_tail="rope_dim")
+    return OutputSpec(name, "quantised", doc, dtype, shape, quant=fmt, encoding=encoding, pre=pre, pre_tail="rope_dim")
 
 
 register(Component(
     name="kv.finish",
     summary="compressor row -> RoPE at j*r -> fp4/e4m3 main row; index key wk -> k_norm -> RoPE -> fp4/e8m0",
     upstream="M:746-761 (main row), M:537-548 (index key); §3.4, §4.2",
-    inputs=("latent", "groups", "table", "wk", "k_norm_w"),
+    inputs=(T("latent", "bf16", "b G hd", "compressor rows (pre-RoPE)"),
+            T("groups", "int64", "G", "each row's compressed index j; RoPE uses position j * ratio"),
+            T("table", "f32", "P rope/2 2", "(cos, sin) of positions 0..P-1 (the compressed layers' YaRN table)"),
+            T("wk", "bf16", "ihd hd"), T("k_norm_w", "bf16", "ihd")),
     outputs=(
-        _quantised("main", "fp4_e4m3", "values", "out.main_rope",
-                   "bf16 [b, G, hd]: post-RoPE row after fp4 QDQ (block 16, e4m3 scales)"),
-        OutputSpec("main_rope", "bf16", "bf16 [b, G, hd]: post-RoPE row before quantisation"),
-        _quantised("main_packed", "fp4_e4m3", "packed", "out.main_rope",
-                   "uint8 [b, G, hd/2]: e2m1 codes, element 2i in the low nibble"),
-        _quantised("main_scale_bytes", "fp4_e4m3", "scale_bytes", "out.main_rope",
-                   "uint8 [b, G, hd/16]: float8_e4m3fn scale bits"),
+        _quantised("main", "fp4_e4m3", "values", "out.main_rope", "post-RoPE row after fp4 QDQ (block 16, e4m3 scales)",
+                   "bf16", "b G hd"),
+        OutputSpec("main_rope", "bf16", "post-RoPE row before quantisation", "bf16", "b G hd"),
+        _quantised("main_packed", "fp4_e4m3", "packed", "out.main_rope", "e2m1 codes, element 2i in the low nibble",
+                   "uint8", "b G hd/2"),
+        _quantised("main_scale_bytes", "fp4_e4m3", "scale_bytes", "out.main_rope", "float8_e4m3fn scale bits",
+                   "uint8", "b G hd/16"),
         _quantised("index_k", "fp4_e8m0", "values", "index_rope",
-                   "bf16 [b, G, ihd]: index key after fp4 QDQ (block 32, power-of-two scales)"),
-        OutputSpec("index_norm", "bf16", "bf16 [b, G, ihd]: k_norm(wk(latent)), before RoPE"),
-        _quantised("index_packed", "fp4_e8m0", "packed", "index_rope",
-                   "uint8 [b, G, ihd/2]: e2m1 codes, element 2i in the low nibble"),
-        _quantised("index_scale_bytes", "fp4_e8m0", "scale_bytes", "index_rope",
-                   "uint8 [b, G, ihd/32]: e8m0 biased exponents"),
+                   "index key after fp4 QDQ (block 32, power-of-two scales)", "bf16", "b G ihd"),
+        OutputSpec("index_norm", "bf16", "k_norm(wk(latent)), before RoPE", "bf16", "b G ihd"),
+        _quantised("index_packed", "fp4_e8m0", "packed", "index_rope", "e2m1 codes, element 2i in the low nibble",
+                   "uint8", "b G ihd/2"),
+        _quantised("index_scale_bytes", "fp4_e8m0", "scale_bytes", "index_rope", "e8m0 biased exponents",
+                   "uint8", "b G ihd/32"),
     ),
+    params=(P("ratio", "int", "compress ratio: row j sits at position j * ratio", choices=(1, 2)),
+            P("rope_dim", "int", "rotated trailing channels"), P("eps", "float", "RMSNorm eps", required=False)),
+    dims={"b": "batch", "G": "rows finished", "hd": "head_dim", "ihd": "index_head_dim", "P": "table positions",
+          "rope/2": "rotated pairs", "2": "(cos, sin)", "hd/2": "two codes per byte", "hd/16": "blocks of 16",
+          "ihd/2": "two codes per byte", "ihd/32": "blocks of 32"},
     build=_finish_inputs,
     reference=_finish_reference,
     aux=_finish_aux,
@@ -140,7 +150,11 @@ register(Component(
     summary="payload bytes per row and per block (FP8 main, FP4 main, FP4 index) and the C2 state, exact ints",
     upstream="seed 000 §A.2, §A.5; §3.4 (bytes per row); M:760 (block 16), M:23-30 (blocks 32)",
     inputs=(),
-    outputs=tuple(OutputSpec(k, "exact", f"int64 []: {BYTE_DOCS[k]}") for k in BYTE_KEYS),
+    outputs=tuple(OutputSpec(k, "exact", BYTE_DOCS[k], "int64", "") for k in BYTE_KEYS),
+    params=(P("head_dim", "int", "hd", "channels"), P("index_head_dim", "int", "ihd", "channels"),
+            P("ratio", "int", "compress ratio", choices=(1, 2)),
+            P("block_positions", "int", "token positions per allocator block", "positions"),
+            P("state_slots", "int", "ratio-2 ring slots S (r + q_max - 1)", "slots")),
     build=lambda params, build, gen: {},
     reference=_bytes_reference,
     floor=3,

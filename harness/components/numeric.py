@@ -12,6 +12,8 @@ from ..errors import CaseSpecError
 from ..reference import fp8_linear as fp8
 from ..reference import numerics as nx
 from ..registry import Component, OutputSpec, register
+from ..registry import ParamSpec as P
+from ..registry import TensorSpec as T
 from .build import dtype_of, need, normal, tile_to, uniform
 from ..reference.numerics import randn
 
@@ -46,9 +48,10 @@ register(Component(
     name="quant.e2m1",
     summary="round fp32 values in [-6, 6] onto the e2m1 grid, ties to the even code, sign and -0 kept",
     upstream="K41:116-199 (T.Cast to FP4)",
-    inputs=("v",),
-    outputs=(OutputSpec("codes", "exact", "uint8 e2m1 codes: bit 3 sign, bits 0-2 magnitude index"),
-             OutputSpec("y", "exact", "fp32 grid values (sign kept)")),
+    inputs=(T("v", "f32", "...", "values in [-6, 6] (or beyond: they saturate)"),),
+    outputs=(OutputSpec("codes", "exact", "e2m1 codes: bit 3 sign, bits 0-2 magnitude index", "uint8", "..."),
+             OutputSpec("y", "exact", "the grid values (sign kept, -0 included)", "f32", "...")),
+    dims={"...": "any shape"},
     build=_e2m1_inputs,
     reference=_e2m1_reference,
     floor=3,
@@ -111,10 +114,13 @@ def _quant_reference(function: str):
 
 
 QUANT_OUTPUTS = (
-    OutputSpec("y", "exact", "bf16 dequantised values, as the reference writes them back in place"),
-    OutputSpec("codes", "exact", "uint8 per element: e2m1 code (fp4) or float8_e4m3fn bits (fp8)"),
-    OutputSpec("scale_bytes", "exact", "uint8 per block: e4m3fn bits or e8m0 biased exponent"),
+    OutputSpec("y", "exact", "dequantised values, as the reference writes them back in place", "bf16", "... D"),
+    OutputSpec("codes", "exact", "per element: e2m1 code (fp4: bit 3 sign, bits 0-2 index) or float8_e4m3fn "
+               "bits (fp8)", "uint8", "... D"),
+    OutputSpec("scale_bytes", "exact", "per block: float8_e4m3fn bits (fp4_e4m3) or e8m0 biased exponent "
+               "2^(byte-127)", "uint8", "... D/block"),
 )
+QUANT_DIMS = {"...": "any leading dims", "D": "a multiple of the block", "D/block": "blocks per row"}
 
 # name, summary, upstream lines, block, the block max that gives scale 1, reference quantiser in numerics
 QUANTISERS = (
@@ -126,7 +132,9 @@ QUANTISERS = (
      "(window KV)", "K41:41-113; M:700-720", 32, 448.0, "fp8_qdq_ue8m0"),
 )
 for _name, _summary, _upstream, _block, _top, _function in QUANTISERS:
-    register(Component(name=_name, summary=_summary, upstream=_upstream, inputs=("x",), outputs=QUANT_OUTPUTS,
+    register(Component(name=_name, summary=_summary, upstream=_upstream,
+                       inputs=(T("x", "bf16", "... D", f"blocks of {_block} along the last dim"),),
+                       outputs=QUANT_OUTPUTS, dims={**QUANT_DIMS, "block": str(_block)},
                        build=_quant_inputs(_block, _top, _name), reference=_quant_reference(_function), floor=4))
 
 
@@ -147,8 +155,9 @@ register(Component(
     name="linear.f32",
     summary="fp32 x @ w.T (the ratio-2 compressor's wkv and wgate on the fp32 input)",
     upstream="M:439-485 (Compressor wkv/wgate, fp32)",
-    inputs=("x", "w"),
-    outputs=(OutputSpec("y", "f32", "fp32 [m, n]"),),
+    inputs=(T("x", "f32", "m k"), T("w", "f32", "n k", "the weight, [out, in]")),
+    outputs=(OutputSpec("y", "f32", "x @ w.T", "f32", "m n"),),
+    dims={"m": "rows", "k": "input features", "n": "output features"},
     build=_linear_inputs,
     reference=lambda inputs, params: {"y": nx.linear_f32(inputs["x"], inputs["w"])},
     floor=3,
@@ -171,8 +180,10 @@ register(Component(
     name="norm.rms",
     summary="RMSNorm: fp32 inside, weight promoted, one cast back to the input dtype; eps 1e-20",
     upstream="M:281-293",
-    inputs=("x", "weight"),
-    outputs=(OutputSpec("y", "bf16", "same dtype as x"),),
+    inputs=(T("x", "bf16|f32", "m d"), T("weight", "bf16", "d", "promoted to fp32 inside")),
+    outputs=(OutputSpec("y", "bf16", "y = weight * x / rms(x), one cast back to x's dtype", "as x", "m d"),),
+    params=(P("eps", "float", "added to the mean square", required=False),),
+    dims={"m": "rows", "d": "features"},
     build=_norm_inputs,
     reference=lambda inputs, params: {"y": nx.rms_norm(inputs["x"], inputs["weight"], float(params.get("eps", 1e-20)))},
     floor=3,
@@ -215,10 +226,13 @@ register(Component(
     summary="fp8 Linear: act_quant(x, 32, ue8m0), then per K block of 32 the fp8 products summed in fp32, "
             "times both scales, accumulated in fp32; bf16 out",
     upstream="M:181-207 (linear), K41:41-113 (act_quant), K41:202-293 (fp8_gemm); §6.4",
-    inputs=("x", "weight", "weight_scale"),
-    outputs=(OutputSpec("y", "bf16", "bf16 [M, N]"),
-             OutputSpec("x_codes", "exact", "uint8 [M, K]: the input's e4m3 codes after act_quant (block 32)"),
-             OutputSpec("x_scale_bytes", "exact", "uint8 [M, K/32]: the input's e8m0 block scales")),
+    inputs=(T("x", "bf16", "M K"), T("weight", "uint8", "N K", "float8_e4m3fn bit patterns"),
+            T("weight_scale", "uint8", "N/32 K/32", "e8m0 tile scales 2^(byte-127), one per 32 x 32 tile")),
+    outputs=(OutputSpec("y", "bf16", "act_quant(x) @ dequantised weight.T, per K block in fp32", "bf16", "M N"),
+             OutputSpec("x_codes", "exact", "the input's e4m3 codes after act_quant (block 32)", "uint8", "M K"),
+             OutputSpec("x_scale_bytes", "exact", "the input's e8m0 block scales", "uint8", "M K/32")),
+    dims={"M": "rows", "K": "input features, a multiple of 32", "N": "output features (any; a partial last "
+          "tile row)", "N/32": "ceil(N / 32) tile rows", "K/32": "tiles along K"},
     build=_fp8_linear_inputs,
     reference=_fp8_linear_reference,
     floor=4,

@@ -10,6 +10,8 @@ import torch
 
 from ..reference import rope as rp
 from ..registry import Component, OutputSpec, register
+from ..registry import ParamSpec as P
+from ..registry import TensorSpec as T
 from .build import need, normal
 
 TABLE_PARAMS = ("dim", "base", "original_seq_len", "factor", "beta_fast", "beta_slow")
@@ -49,10 +51,17 @@ register(Component(
     name="rope.yarn_table",
     summary="YaRN inverse frequencies and the (cos, sin) rows at given positions",
     upstream="M:368-389",
-    inputs=("positions",),
-    outputs=(OutputSpec("inv_freq", "f32", "fp32 [dim/2]: a pow and the YaRN blend in fp32; judged in fp32 ulps"),
-             OutputSpec("table", "f32", "fp32 [positions, dim/2, 2] = (cos, sin) of fp32(p) * inv_freq; judged in fp32 "
-                        "ulps plus an allowance in ulps of the angle (aux.angle)", argument="angle")),
+    inputs=(T("positions", "int64", "P", "the table rows wanted"),),
+    outputs=(OutputSpec("inv_freq", "f32", "1/base^(2i/dim), YaRN-blended; judged in fp32 ulps", "f32", "dim/2"),
+             OutputSpec("table", "f32", "(cos, sin) of fp32(p) * inv_freq; judged in fp32 ulps plus an allowance in "
+                        "ulps of the angle (aux.angle)", "f32", "P dim/2 2", argument="angle")),
+    params=(P("dim", "int", "rope_head_dim: channels rotated (pairs dim/2)"),
+            P("base", "float", "rope base (compress_rope_theta 160000 or rope_theta 10000)"),
+            P("original_seq_len", "int", "YaRN's original context; 0 turns YaRN off", "positions", required=False),
+            P("factor", "float", "YaRN factor", required=False),
+            P("beta_fast", "float", "YaRN ramp start", "rotations", required=False),
+            P("beta_slow", "float", "YaRN ramp end", "rotations", required=False)),
+    dims={"P": "positions", "dim/2": "rotated pairs", "2": "(cos, sin)"},
     build=_table_inputs,
     reference=_table_reference,
     aux=_table_aux,
@@ -75,8 +84,14 @@ register(Component(
     name="rope.apply",
     summary="rotate the last rope_dim channels as interleaved complex pairs (inverse: the conjugate)",
     upstream="M:392-406",
-    inputs=("x", "table"),
-    outputs=(OutputSpec("y", "bf16", "bf16, same shape as x; leading channels untouched"),),
+    inputs=(T("x", "bf16", "b S [h] d", "token axis 1; heads (4-D) share a table row"),
+            T("table", "f32", "S rope_dim/2 2", "(cos, sin) rows of the tokens' positions")),
+    outputs=(OutputSpec("y", "bf16", "x with its last rope_dim channels rotated (interleaved pairs), the rest "
+                        "untouched", "bf16", "b S [h] d"),),
+    params=(P("rope_dim", "int", "rotated trailing channels"),
+            P("inverse", "bool", "rotate by the conjugate (the output's un-rotation)", required=False)),
+    dims={"b": "batch", "S": "tokens", "[h]": "heads (4-D input only)", "d": "channels", "rope_dim/2": "pairs",
+          "2": "(cos, sin)"},
     build=_apply_inputs,
     reference=lambda inputs, params: {"y": rp.apply_rotary(inputs["x"], inputs["table"], int(params["rope_dim"]),
                                                             bool(params.get("inverse", False)))},

@@ -25,6 +25,8 @@ from ..cases import CaseSpec
 from ..errors import CaseSpecError
 from ..reference.sparse_attn import TILE, sparse_attn
 from ..registry import Component, OutputSpec, register
+from ..registry import ParamSpec as P
+from ..registry import TensorSpec as T
 from .build import need, normal, tile_to
 
 NAME = "sparse_attn"
@@ -74,8 +76,12 @@ register(Component(
     name=NAME,
     summary="sparse attention with a sink logit in the denominator; 64-lane running-max tiles, bf16 P",
     upstream="K41:296-403 (sparse_attn); M:776",
-    inputs=("q", "kv", "attn_sink", "topk_idxs"),
-    outputs=(OutputSpec("o", "bf16", "bf16 [b, m, h, d]; exactly 0 on a row whose lanes are all -1",
+    inputs=(T("q", "bf16", "b m h d"), T("kv", "bf16", "b n d", "K = V"),
+            T("attn_sink", "f32", "h", "a raw logit per head (not scaled)"),
+            T("topk_idxs", "int32", "b m K", "kv rows per query, -1 = absent lane")),
+    params=(P("softmax_scale", "float", "the score scale head_dim^-0.5 (used as fp32)"),),
+    dims={"b": "batch", "m": "query rows", "h": "heads", "d": "head_dim", "n": "kv rows", "K": "lanes per row"},
+    outputs=(OutputSpec("o", "bf16", "exactly 0 on a row whose lanes are all -1", "bf16", "b m h d",
                         sentinels=(0.0,)),),
     build=_inputs,
     reference=_reference,

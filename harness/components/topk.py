@@ -17,6 +17,8 @@ import torch
 from ..errors import CaseSpecError
 from ..reference.topk import torch_cpu_topk
 from ..registry import Component, OutputSpec, register
+from ..registry import ParamSpec as P
+from ..registry import TensorSpec as T
 from .build import dtype_of, need
 from ..reference.numerics import randn
 
@@ -60,9 +62,14 @@ register(Component(
     name="topk.torch_cpu",
     summary="torch CPU top-k values and indices in torch's order (k*64 <= n: partial_sort; else nth_element)",
     upstream="M:578-580, M:607; aten TopKImpl.h",
-    inputs=("values",),
-    outputs=(OutputSpec("values", "exact", "the selected values, in torch's order"),
-             OutputSpec("indices", "index", "int64 ids in torch's order", scores="in.values", order="sequence")),
+    inputs=(T("values", "f32|bf16|f16", "rows n"),),
+    outputs=(OutputSpec("values", "exact", "the selected values, in torch's order", "as values", "rows k"),
+             OutputSpec("indices", "index", "ids in torch's order (sorted: by value; unsorted: the algorithm's)",
+                        "int64", "rows k", scores="in.values", order="sequence")),
+    params=(P("k", "int", "how many to select"),
+            P("largest", "bool", "the k largest (else the smallest)", required=False),
+            P("sorted", "bool", "return them sorted (else in the algorithm's order)", required=False)),
+    dims={"rows": "independent rows", "n": "candidates per row", "k": "params.k"},
     build=_topk_inputs,
     reference=_topk_reference,
     floor=6,

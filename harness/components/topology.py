@@ -25,6 +25,8 @@ from ..errors import CaseSpecError
 from ..reference.config import PRODUCTION, TINY_A, layer_roles, topology_maps
 from ..reference.topology import validate_topology
 from ..registry import Component, OutputSpec, register
+from ..registry import ParamSpec as P
+from ..registry import TensorSpec as T
 
 NAME = "topology.validate"
 MAPS = ("main_kv", "index_k", "index", "candidate")
@@ -75,8 +77,11 @@ register(Component(
     name=NAME,
     summary="sharing maps (main-KV, index-K, index, candidate sources per layer) must refine each other",
     upstream="M:1166-1180 (shared_attn slots); seed appendix A.6; docs/v41-reference.md §1.3, §5.5",
-    inputs=MAPS,
-    outputs=(OutputSpec("accepted", "exact", "bool []: the topology is valid"),),
+    inputs=tuple(T(m, "int64", "L", f"each layer's {m} source layer, -1 = takes no part") for m in MAPS),
+    outputs=(OutputSpec("accepted", "exact", "the topology is valid", "bool", ""),),
+    params=(*(P(m, "int_list", f"the {m} source map", required=m != "candidate") for m in MAPS),
+            P("derived_from", "str", "the named config the maps were derived from", required=False)),
+    dims={"L": "layers (a map may differ in length, which must be rejected)"},
     build=_inputs,
     reference=_reference,
     floor=8,
