@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 TRITON_PIN ?= triton==3.9.0
 REPORT_DIR ?= reports/reference
 
-.PHONY: install run test test-production generate check verify bench clean
+.PHONY: install run test test-production generate check verify bench clean browser
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ test-production: install
 	$(VENV)/bin/conformance generate --tier production --check
 	$(VENV)/bin/conformance generate --tier production
 	$(VENV)/bin/conformance run --impl reference --tier production --report-dir reports/production
+
+# Headless Chromium for tests/test_report_browser.py (Debian; the test skips, saying so, without it).
+browser:
+	apt-get install -y chromium || sudo apt-get install -y chromium
 
 generate: install
 	$(VENV)/bin/conformance generate

@@ -72,10 +72,12 @@ def main() -> None:
 @click.option("--no-isolate", is_flag=True, help="run the implementation in the worker itself (faster, not crash-safe)")
 @click.option("--shard", default=None, help="I/N: run only shard I of N (deterministic split by case id)")
 @click.option("--pytest-args", default="", help="extra pytest arguments, e.g. \"--tx ssh=host//python=python3\"")
+@click.option("--baseline", default=None, type=click.Path(),
+              help="a report dir or results.json of an earlier run: the reports add what changed since (see `diff`)")
 @tier_option
 @store_options
 @config_option
-def run(impl, select, report_dir, workers, device, timeout, no_isolate, shard, pytest_args, tier, goldens_dir,
+def run(impl, select, report_dir, workers, device, timeout, no_isolate, shard, pytest_args, baseline, tier, goldens_dir,
         cases_dir, config_path):
     """Run an implementation against the goldens and write the conformance report."""
     from .report import render_table
@@ -89,11 +91,15 @@ def run(impl, select, report_dir, workers, device, timeout, no_isolate, shard, p
         options = RunOptions(impl=impl, select=parse_select(select), report_dir=Path(report_dir), workers=str(workers),
                              device=device, timeout=timeout, isolate=not no_isolate, shard=_parse_shard(shard),
                              pytest_args=tuple(shlex.split(pytest_args)), config_path=config_path, tier=tier,
-                             stores=(goldens_dir, cases_dir))
+                             stores=(goldens_dir, cases_dir), baseline=Path(baseline) if baseline else None)
         doc = run_session(config, options)  # writes the reports while it holds the report dir
     except HarnessError as exc:
         _fail_usage(exc)
     click.echo(render_table(doc))
+    if doc.get("baseline"):
+        from .report.changes import render_diff_text
+
+        click.echo(render_diff_text(doc["baseline"]))
     click.echo(f"reports: {Path(report_dir) / 'results.json'}, summary.md, junit.xml, report.html")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
@@ -271,6 +277,91 @@ def report(report_dir):
     write_reports(doc, Path(report_dir))
     click.echo(render_table(doc))
     sys.exit(doc["exit_code"])
+
+
+@main.command()
+@click.argument("base", type=click.Path())
+@click.argument("new", type=click.Path())
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True)
+@click.option("--fail-on", type=click.Choice(["regressions", "new-failures", "any"]), default="regressions",
+              show_default=True, help="what exits 1: a case that passed and now does not (and a floor newly "
+              "missed); also a new or regenerated case that fails; or NEW not passing at all")
+def diff(base, new, fmt, fail_on):
+    """What changed from run BASE to run NEW (each a report dir or a results.json).
+
+    Exit 0 when nothing regressed (even if some cases still fail), 1 on a regression (see
+    --fail-on), 2 when a report cannot be read."""
+    from .diff import diff_results
+    from .report import read_results
+    from .report.changes import render_diff_markdown, render_diff_text
+
+    try:
+        result = diff_results(read_results(Path(base)), read_results(Path(new)), base, new)
+    except HarnessError as exc:
+        _fail_usage(exc)
+    if fmt == "json":
+        click.echo(json.dumps(result, indent=1))
+    else:
+        click.echo((render_diff_markdown if fmt == "markdown" else render_diff_text)(result), nl=False)
+    sys.exit(result["gates"][fail_on])
+
+
+@main.command()
+@click.argument("out", type=click.Path(file_okay=False))
+@click.argument("parts", nargs=-1, required=True, type=click.Path())
+@config_option
+def merge(out, parts, config_path):
+    """Merge the report dirs of one run's shards (or of several machines) into OUT.
+
+    Checks that every shard is there exactly once and that no case was judged twice, enforces
+    the case floors on the union, writes every report format and OUT/output.log. Exits like
+    `run`: 0 when the merged run passes, 1 otherwise, 2 when a part cannot be read."""
+    from .merge import merge_results
+    from .report import read_results, render_table, write_reports
+    from .rundir import RunDir
+
+    try:
+        out_dir = Path(out)
+        for part in parts:
+            if Path(part).resolve() in (out_dir.resolve(), (out_dir / "results.json").resolve()):
+                raise UsageError(f"{part}: OUT must be a folder of its own, not one of the parts")
+        docs = [(part, read_results(Path(part))) for part in parts]
+        merged = merge_results(docs, _floors(config_path))
+        with RunDir(out_dir):
+            write_reports(merged, out_dir)
+            _merge_logs(parts, out_dir)
+    except HarnessError as exc:
+        _fail_usage(exc)
+    click.echo(render_table(merged))
+    click.echo(f"merged {len(parts)} part(s) into {out_dir / 'results.json'}, summary.md, junit.xml, report.html")
+    sys.exit(merged["exit_code"])
+
+
+def _floors(config_path: str | None) -> dict[str, int]:
+    """Each component's case floor from conformance.yaml when there is one (the parts record the
+    floors they ran with, and those win); the registry's own floors otherwise."""
+    from .registry import components
+
+    registry = components()
+    try:
+        config = _config(config_path)
+    except HarnessError:
+        if config_path:
+            raise
+        return {name: c.floor for name, c in registry.items()}
+    return {name: config.floor(c) for name, c in registry.items()}
+
+
+def _merge_logs(parts, out_dir: Path) -> None:
+    from .golden import write_atomic
+
+    chunks = []
+    for part in parts:
+        log = Path(part) / "output.log"
+        if Path(part).is_dir() and log.exists():
+            chunks.append(f"===== {part} =====\n".encode() + log.read_bytes())
+    if chunks:
+        write_atomic(out_dir / "output.log", b"\n".join(chunks))
 
 
 if __name__ == "__main__":

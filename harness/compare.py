@@ -56,7 +56,7 @@ def compare_output(
     if policy.tolerant and torch.equal(_bits(expected), _bits(actual)):
         # bit-identical: every bound holds with zero error; skip the element-wise work
         zero = {"numel": expected.numel(), "mismatched": 0, "max_abs_err": 0.0, "max_ulps": 0.0, "rel_l2": 0.0,
-                "diff_fraction": 0.0,
+                "diff_fraction": 0.0, "bound_used": 0.0,
                 "ulps_headroom": 0.0 if policy.ulps else None, "rel_l2_headroom": 0.0 if policy.rel_l2 else None}
         return OutputVerdict(name, True, metrics=zero)
     if policy.kind == "index":
@@ -179,6 +179,8 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     counted = int(finite.sum())
     diff_fraction = float((diff > 0).sum() + mask_failures) / max(counted + mask_failures, 1)
     max_abs = float(diff.max()) if diff.numel() else 0.0
+    used = torch.where(bound > 0, diff / torch.where(bound > 0, bound, 1.0), torch.where(diff > 0, float("inf"), 0.0))
+    bound_used = float(used.max()) if used.numel() else 0.0
     metrics = {
         "numel": expected.numel(),
         "mismatched": over_count + mask_failures,
@@ -188,6 +190,7 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
         "rel_l2": rel_l2,
         "diff_fraction": diff_fraction,
         # no headroom to speak of when non-finite values are misplaced
+        "bound_used": bound_used if not mask_failures else None,  # worst element's |diff| / its bound
         "ulps_headroom": (max_ulps / policy.ulps) if policy.ulps and not mask_failures else None,
         "rel_l2_headroom": (rel_l2 / policy.rel_l2) if policy.rel_l2 and not mask_failures else None,
     }
@@ -195,6 +198,7 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
           and diff_fraction <= policy.max_diff_fraction)
     if ok:
         return OutputVerdict(name, True, metrics=metrics)
+    metrics["ulps_histogram"] = ulps_histogram(ulps[finite])
     header = [f"output '{name}': not close ({policy.describe()})"]
     if over_count:
         header.append(_mismatch_count(over_count, expected.numel()))
@@ -212,6 +216,19 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     if over_count:
         header += _value_table(expected, actual, over)
     return OutputVerdict(name, False, "\n".join(header + lines), metrics)
+
+
+# Upper edges of the error histogram of a failing output, in ulps: 0, 1/2, 1, 2, 4, ... 2^20, more.
+HISTOGRAM_EDGES = (0.0, 0.5) + tuple(float(2 ** k) for k in range(21))
+
+
+def ulps_histogram(ulps: torch.Tensor) -> dict[str, list]:
+    """How many elements erred by how much: `counts[i]` elements in (edges[i-1], edges[i]] ulps,
+    the last count above the last edge (`counts` has one more entry than `edges`)."""
+    edges = torch.tensor(HISTOGRAM_EDGES, dtype=torch.float64)
+    bins = torch.bucketize(ulps.double().reshape(-1), edges)  # right=False: edges[i-1] < x <= edges[i]
+    counts = torch.bincount(bins, minlength=len(HISTOGRAM_EDGES) + 1)
+    return {"edges": list(HISTOGRAM_EDGES), "counts": [int(c) for c in counts]}
 
 
 def _canonical(rows: torch.Tensor) -> torch.Tensor:

@@ -240,7 +240,7 @@ def _count_differences(result: CaseResult, verdict) -> None:
 
 NOTE_CHARS = 1200  # an output's explanation of what it accepted, as kept in results.json
 
-WORST = ("max_ulps", "rel_l2", "max_abs_err", "diff_fraction", "ulps_headroom", "rel_l2_headroom")
+WORST = ("max_ulps", "rel_l2", "max_abs_err", "diff_fraction", "bound_used", "ulps_headroom", "rel_l2_headroom")
 TOTAL = ("mismatched", "rows_miss", *(d.metric for d in DIFFERENCES))
 
 

@@ -3,7 +3,8 @@
 The results document (`results.json`) is the single source of truth; every renderer reads it.
 Schema (version 1)::
 
-    {schema, impl, impl_kind, device, select, started, duration_s, exit_code,
+    {schema, impl, impl_kind, device, select, shard ([I, N] or null), tier, started, duration_s, exit_code,
+     selection: {total, owned, ids_sha256},   # the cases chosen before sharding, those this run owned
      stopped,                    # why the run ended early ('' when it ran to the end), not_run
      versions: {harness, torch, python, platform},
      goldens: {dir, manifest_sha256},
@@ -13,12 +14,18 @@ Schema (version 1)::
      stale_expectations: [str],
      cases: [{id, component, status, message, params,
               metrics: {outputs, outputs_failed, max_ulps, rel_l2, max_abs_err, diff_fraction,
-                        ulps_headroom, rel_l2_headroom, mismatched, rows_miss, rows_tie,
+                        bound_used, ulps_headroom, rel_l2_headroom, mismatched, rows_miss, rows_tie,
                         rows_near_tie, boundary_flips},
               outputs: {name: {ok, policy, note (what a passing output accepted), and that
-                               output's metrics}},
+                               output's metrics; a failing tolerance output adds
+                               ulps_histogram: {edges, counts}}},
               duration_s, golden_sha256, tie_rows, tie_example, near_tie_rows, near_tie_example,
-              boundary_flips, boundary_example, first_divergent_step, expectation, repro}]}
+              boundary_flips, boundary_example, first_divergent_step, expectation, repro}],
+     baseline: {...},            # with --baseline: the diff document (harness/diff.py)
+     merged_from, floors_enforced}  # written by `conformance merge` (harness/merge.py)
+
+`bound_used` is the worst element's |actual - expected| over its element-wise bound and
+`rel_l2_headroom` the relative L2 error over its bound: 1.0 is at the bound.
 
 Accepted differences (tie order, near ties, boundary flips; harness/differences.py) are counted
 per output, per case and per component whether or not they were accepted.
@@ -44,6 +51,7 @@ from . import __version__
 from .adapters.loader import instantiate, resolve
 from .cases import load_cases
 from .config import Config
+from .diff import diff_results
 from .differences import DIFFERENCES
 from .errors import UsageError
 from .expectations import apply_expectations, load_expectations
@@ -72,6 +80,7 @@ class RunOptions:
     config_path: str | None = None  # --config as the user gave it (for re-run commands)
     tier: str = "small"
     stores: tuple[str | None, str | None] = (None, None)  # --goldens, --cases as given
+    baseline: Path | None = None  # a report dir or results.json to diff against (harness/diff.py)
 
     def repro(self, case_id: str) -> str:
         """The command that re-runs exactly this case the way this run ran it."""
@@ -106,6 +115,18 @@ def select_case_ids(config: Config, select: list[str]) -> list[str]:
     return sorted(i for i in ids if matches(i, select))
 
 
+def ids_digest(ids: list[str]) -> str:
+    """Which cases a run chose from (before sharding): shards of one run agree on it."""
+    return hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()
+
+
+def read_baseline(path: Path) -> dict:
+    """A results document from a report dir or a results.json (UsageError naming the file)."""
+    from .report import read_results
+
+    return read_results(path)
+
+
 def shard_ids(ids: list[str], index: int, count: int) -> list[str]:
     """Deterministic split for CI matrices: a case goes to shard hash(id) mod count."""
     return [i for i in ids if int(hashlib.sha256(i.encode()).hexdigest()[:8], 16) % count == index - 1]
@@ -133,9 +154,12 @@ def run(config: Config, options: RunOptions) -> dict:
         except Exception as exc:
             raise UsageError(f"--impl {options.impl}: prepare() failed: {type(exc).__name__}: {exc}") from None
     expectations = load_expectations(spec.conf, config.root, f"{config.path}: impls.{spec.name}")
+    baseline = read_baseline(options.baseline) if options.baseline else None  # before this run rewrites it
     ids = select_case_ids(config, options.select)
+    selection = {"total": len(ids), "ids_sha256": ids_digest(ids)}
     if options.shard:
         ids = shard_ids(ids, *options.shard)
+    selection["owned"] = len(ids)
     with RunDir(options.report_dir) as run_dir:
         run_file = run_dir.path / f"cases{RUN_SUFFIX}"
         run_file.write_text(json.dumps({
@@ -172,7 +196,9 @@ def run(config: Config, options: RunOptions) -> dict:
             results = [_result_of(case_id, collector, stopped, options) for case_id in ids]
             run_dir.gather_output(ids, {r["id"]: r["status"] for r in results})
             stale = apply_expectations(results, expectations)
-            doc = summarise(config, options, spec, results, stale, started, stopped, stop.signal)
+            doc = summarise(config, options, spec, results, stale, started, stopped, stop.signal, selection)
+            if baseline is not None:
+                doc["baseline"] = diff_results(baseline, doc, str(options.baseline), str(options.report_dir))
             write_reports(doc, options.report_dir)
     return doc
 
@@ -223,8 +249,42 @@ def _result_of(case_id: str, collector, stopped: str, options: RunOptions) -> di
 
 
 def summarise(config: Config, options: RunOptions, spec, results: list[dict], stale: list[str], started: float,
-              stopped: str = "", signum: int | None = None) -> dict:
+              stopped: str = "", signum: int | None = None, selection: dict | None = None) -> dict:
     registry = components()
+    full_run = not options.select and not options.shard and config.tier == "small"  # floors: the small tier
+    floors = {name: config.floor(component) for name, component in registry.items()}
+    per_component, problems = judge_components(results, floors, full_run, stopped)
+    exit_code = exit_code_of(results, problems, stopped, signum)
+    manifest_path = config.goldens / MANIFEST
+    return {
+        "schema": RESULTS_SCHEMA,
+        "impl": spec.name,
+        "impl_kind": spec.kind,
+        "device": options.device,
+        "select": options.select,
+        "shard": list(options.shard) if options.shard else None,
+        "tier": config.tier,
+        "selection": selection or {},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "duration_s": round(time.time() - started, 3),
+        "exit_code": exit_code,
+        "versions": {"harness": __version__, "torch": torch.__version__, "python": sys.version.split()[0],
+                     "platform": platform.platform()},
+        "goldens": {"dir": os.path.relpath(config.goldens, config.root),
+                    "manifest_sha256": hashlib.sha256(manifest_path.read_bytes()).hexdigest() if manifest_path.exists() else None},
+        "components": per_component,
+        "problems": problems,
+        "stopped": stopped,
+        "not_run": sum(1 for r in results if r["status"] == NOT_RUN),
+        "stale_expectations": stale,
+        "cases": sorted(results, key=lambda r: r["id"]),
+    }
+
+
+def judge_components(results: list[dict], floors: dict[str, int], full_run: bool, stopped: str) -> tuple[dict, list[str]]:
+    """Per component: counts by status and accepted difference, the floor, the verdict; and the
+    run-level problems (floors missed, nothing executed). On a full run every component in
+    `floors` is judged, present or not; otherwise only those with results."""
     per_component: dict[str, dict] = {}
     counts = [d.count for d in DIFFERENCES]
     empty = lambda: {s: 0 for s in STATUSES} | {"cases": 0} | dict.fromkeys(counts, 0)  # noqa: E731
@@ -235,12 +295,11 @@ def summarise(config: Config, options: RunOptions, spec, results: list[dict], st
         for count in counts:
             entry[count] += int(result.get(count) or 0)
     problems = []
-    full_run = not options.select and not options.shard and config.tier == "small"  # floors: the small tier
-    names = sorted(set(per_component) | (set(registry) if full_run else set()))
+    names = sorted(set(per_component) | (set(floors) if full_run else set()))
     for name in names:
         entry = per_component.setdefault(name, empty())
         executed = entry["cases"] - entry["unsupported"] - entry[NOT_RUN]
-        floor = config.floor(registry[name]) if name in registry else 1
+        floor = floors.get(name, 1)
         entry["floor"] = floor
         all_unsupported = entry["cases"] > 0 and executed == 0 and entry[NOT_RUN] == 0
         entry["floor_ok"] = all_unsupported or not full_run or bool(stopped) or executed >= floor
@@ -257,31 +316,13 @@ def summarise(config: Config, options: RunOptions, spec, results: list[dict], st
     if executed_total == 0 and not stopped:
         problems.append("no case was executed (nothing selected, no goldens, or nothing supported): "
                         "a run that judges nothing does not pass")
+    return dict(sorted(per_component.items())), problems
+
+
+def exit_code_of(results: list[dict], problems: list[str], stopped: str, signum: int | None) -> int:
     failed = any(r["status"] not in ("pass", "xfail", "unsupported", NOT_RUN) for r in results)
-    exit_code = 1 if failed or problems else 0
     if signum is not None:
-        exit_code = 128 + int(signum)  # 130 after SIGINT, 143 after SIGTERM
-    elif stopped and not failed:
-        exit_code = 1
-    manifest_path = config.goldens / MANIFEST
-    return {
-        "schema": RESULTS_SCHEMA,
-        "impl": spec.name,
-        "impl_kind": spec.kind,
-        "device": options.device,
-        "select": options.select,
-        "shard": list(options.shard) if options.shard else None,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "duration_s": round(time.time() - started, 3),
-        "exit_code": exit_code,
-        "versions": {"harness": __version__, "torch": torch.__version__, "python": sys.version.split()[0],
-                     "platform": platform.platform()},
-        "goldens": {"dir": os.path.relpath(config.goldens, config.root),
-                    "manifest_sha256": hashlib.sha256(manifest_path.read_bytes()).hexdigest() if manifest_path.exists() else None},
-        "components": dict(sorted(per_component.items())),
-        "problems": problems,
-        "stopped": stopped,
-        "not_run": sum(1 for r in results if r["status"] == NOT_RUN),
-        "stale_expectations": stale,
-        "cases": sorted(results, key=lambda r: r["id"]),
-    }
+        return 128 + int(signum)  # 130 after SIGINT, 143 after SIGTERM
+    if failed or problems or stopped:
+        return 1
+    return 0

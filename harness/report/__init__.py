@@ -24,13 +24,24 @@ def write_reports(doc: dict, report_dir: Path) -> None:
         write_atomic(report_dir / name, text.encode("utf-8"))
 
 
-def read_results(report_dir: Path) -> dict:
+def read_results(where: Path) -> dict:
+    """The results document of a report dir, or of a results.json given directly."""
     from ..errors import UsageError
 
-    path = Path(report_dir) / "results.json"
+    where = Path(where)
+    path = where if where.suffix == ".json" or where.is_file() else where / "results.json"
     if not path.exists():
-        raise UsageError(f"{path} not found: run `conformance run --report-dir {report_dir}` first")
+        hint = "" if path.name != "results.json" or where.suffix == ".json" else \
+            f": run `conformance run --report-dir {where}` first"
+        raise UsageError(f"{path} not found{hint}")
     try:
-        return json.loads(path.read_text())
-    except ValueError as exc:
+        doc = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("cases"), list) or not isinstance(doc.get("components"), dict):
+        raise UsageError(f"{path}: not a conformance results document (no 'cases' list or 'components' table); "
+                         "give a report dir written by `conformance run` or its results.json")
+    for i, case in enumerate(doc["cases"]):
+        if not isinstance(case, dict) or not all(isinstance(case.get(k), str) for k in ("id", "component", "status")):
+            raise UsageError(f"{path}: cases[{i}] lacks an id, component or status; the file is damaged")
+    return doc

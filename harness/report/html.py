@@ -8,8 +8,10 @@ from __future__ import annotations
 from html import escape
 
 from ..differences import DIFFERENCES
+from .headroom import worst_per_output
+from .pictures import headroom_bars, step_strip, ulps_histogram
 from .table import COLUMNS
-from .text import clean
+from .text import clean, failing_lines
 
 PRE_CHARS = 20000  # per message block; results.json keeps everything
 
@@ -17,7 +19,9 @@ STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}
 td:first-child,th:first-child{text-align:left}.pass{color:#060}.fail,.error,.crash,.timeout,.xpass{color:#b00;font-weight:bold}
 .unsupported,.xfail,.not_run{color:#666}pre{background:#f6f6f6;padding:8px;overflow:auto;font-size:90%}
-details{margin:4px 0}section{margin-top:2em}"""
+details{margin:4px 0}section{margin-top:2em}td.zero{color:#bbb}svg{display:block;margin:6px 0}
+.pictures{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}"""
+HISTOGRAMS = 6  # per case; the rest are named
 ORDER = {"fail": 0, "error": 0, "crash": 0, "timeout": 0, "xpass": 0, "xfail": 1, "not_run": 2, "unsupported": 2,
          "pass": 3}
 
@@ -33,20 +37,32 @@ def render_html(doc: dict) -> str:
         out.append(f"<p class='fail'>Problem: {escape(clean(problem))}</p>")
     if doc.get("stopped"):
         out.append(f"<p class='fail'>Stopped: {escape(doc['stopped'])}; {doc.get('not_run', 0)} case(s) not run</p>")
+    if doc.get("merged_from"):
+        parts = ", ".join(f"{escape(str(p['from']))}" + (f" (shard {p['shard'][0]}/{p['shard'][1]})" if p.get("shard") else "")
+                          for p in doc["merged_from"])
+        floors = "case floors enforced on the union" if doc.get("floors_enforced") else "case floors not enforced"
+        out.append(f"<p>merged from {len(doc['merged_from'])} part(s): {parts}; {floors}</p>")
     out.append("<table><tr><th>component</th><th>verdict</th><th>cases</th>" + "".join(f"<th>{c}</th>" for c in COLUMNS)
                + "".join(f"<th>{d.label}</th>" for d in DIFFERENCES) + "</tr>")
     comps = sorted(doc["components"].items(), key=lambda kv: (kv[1]["verdict"] != "fail", kv[0]))
     for name, e in comps:
         out.append(f"<tr><td><a href='#{escape(name)}'>{escape(name)}</a></td><td class='{e['verdict']}'>{e['verdict']}</td>"
-                   f"<td>{e['cases']}</td>" + "".join(f"<td>{e.get(c, 0)}</td>" for c in COLUMNS)
-                   + "".join(f"<td>{e.get(d.count, 0)}</td>" for d in DIFFERENCES) + "</tr>")
+                   f"<td>{e['cases']}</td>" + "".join(_count(e.get(c, 0)) for c in COLUMNS)
+                   + "".join(_count(e.get(d.count, 0)) for d in DIFFERENCES) + "</tr>")
     out.append("</table>")
+    if doc.get("baseline"):
+        from .changes import render_diff_html
+
+        out.append(render_diff_html(doc["baseline"]))
     by_component: dict[str, list[dict]] = {}
     for case in doc["cases"]:
         by_component.setdefault(case["component"], []).append(case)
     for name, _ in comps:
         cases = sorted(by_component.get(name, []), key=lambda c: (ORDER.get(c["status"], 0), c["id"]))
         out.append(f"<section id='{escape(name)}'><h2>{escape(name)}</h2>")
+        bars = headroom_bars(name, worst_per_output(cases))
+        if bars:
+            out.append("<p>worst case per output, as a fraction of its tolerance:</p>" + bars)
         for case in cases:
             status = case["status"]
             open_attr = " open" if ORDER.get(status, 0) == 0 else ""
@@ -54,8 +70,9 @@ def render_html(doc: dict) -> str:
             if case.get("params"):
                 shown = ", ".join(f"{k}={v}" for k, v in case["params"].items())
                 out.append(f"<p>params: <code>{escape(shown[:600])}</code></p>")
+            out += _case_pictures(case)
             if case.get("message"):
-                out.append(f"<pre>{escape(clean(case['message'], PRE_CHARS))}</pre>")
+                out.append(_message(case["message"]))
             for d in DIFFERENCES:
                 if case.get(d.example) and case["status"] == "pass":
                     out.append(f"<p>{case.get(d.count, 0)} {escape(d.what)} (accepted):</p>"
@@ -68,7 +85,7 @@ def render_html(doc: dict) -> str:
                 out.append("<table><tr><th>output</th><th>ok</th><th>policy</th><th>metrics</th></tr>")
                 for out_name, m in case["outputs"].items():
                     metrics = ", ".join(f"{k}={_num(v)}" for k, v in m.items()
-                                        if k not in ("ok", "policy", "note") and v is not None)
+                                        if k not in ("ok", "policy", "note") and isinstance(v, (int, float, str)))
                     out.append(f"<tr><td>{escape(out_name)}</td><td>{'yes' if m.get('ok') else 'no'}</td>"
                                f"<td>{escape(str(m.get('policy', '')))}</td><td>{escape(metrics)}</td></tr>")
                     if m.get("note"):
@@ -80,6 +97,38 @@ def render_html(doc: dict) -> str:
         out.append("</section>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"
+
+
+def _message(message: str, open_lines: int = 40) -> str:
+    """A short message as it is; a long one folded under its first lines."""
+    text = clean(message, PRE_CHARS)
+    lines = text.splitlines()
+    if len(lines) <= open_lines:
+        return f"<pre>{escape(text)}</pre>"
+    head = "\n".join(failing_lines({"status": "fail", "message": message}, most=6))
+    return (f"<pre>{escape(head)}</pre><details><summary>the whole message ({len(lines)} lines)</summary>"
+            f"<pre>{escape(text)}</pre></details>")
+
+
+def _count(value: int) -> str:
+    """A count cell: blank-looking dot for zero, so the eye finds the others."""
+    return f"<td>{value}</td>" if value else "<td class='zero'>·</td>"
+
+
+def _case_pictures(case: dict) -> list[str]:
+    """The step strip of a failing stepped case and the error histograms of its failing outputs."""
+    if case["status"] not in ("fail", "xfail"):
+        return []
+    outputs = case.get("outputs") or {}
+    pictures = [step_strip(case["id"], outputs)]
+    failing = [(n, m["ulps_histogram"]) for n, m in outputs.items() if not m.get("ok") and m.get("ulps_histogram")]
+    pictures += [f"<div><p>{escape(n)}</p>{ulps_histogram(case['id'], n, h)}</div>" for n, h in failing[:HISTOGRAMS]]
+    shown = [p for p in pictures if p]
+    if not shown:
+        return []
+    more = f"<p>and {len(failing) - HISTOGRAMS} more failing output(s) with histograms in results.json</p>" \
+        if len(failing) > HISTOGRAMS else ""
+    return [f"<div class='pictures'>{''.join(shown)}</div>{more}"]
 
 
 def _num(v) -> str:

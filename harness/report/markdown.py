@@ -7,6 +7,7 @@ from .table import BAD, COLUMNS
 from .text import clean, failing_lines
 
 MAX_FAILURES = 20
+LIMIT = 64 * 1024  # bytes; GitHub refuses step summaries over 1 MiB (all steps' together)
 
 
 def _cell(text: str, limit: int = 300) -> str:
@@ -21,8 +22,15 @@ def render_summary(doc: dict) -> str:
              "| component | verdict | cases | " + " | ".join(COLUMNS + tuple(d.label for d in DIFFERENCES)) + " |",
              "|---|---|---:|" + "---:|" * (len(COLUMNS) + len(DIFFERENCES))]
     for name, e in doc["components"].items():
-        cells = [str(e.get(c, 0)) for c in COLUMNS] + [str(e.get(d.count, 0)) for d in DIFFERENCES]
+        cells = [str(e.get(c) or "·") for c in COLUMNS] + [str(e.get(d.count) or "·") for d in DIFFERENCES]
         lines.append(f"| `{name}` | {e['verdict']} | {e['cases']} | " + " | ".join(cells) + " |")
+    if doc.get("merged_from"):
+        floors = "enforced on the union" if doc.get("floors_enforced") else "not enforced (not the shards of one full run)"
+        lines += ["", f"merged from {len(doc['merged_from'])} part(s); case floors {floors}"]
+    if doc.get("baseline"):
+        from .changes import render_diff_markdown
+
+        lines += ["", render_diff_markdown(doc["baseline"], shown=MAX_FAILURES).rstrip()]
     bad = [c for c in doc["cases"] if c["status"] in BAD]
     if bad:
         lines += ["", f"### {len(bad)} case(s) did not pass", ""]
@@ -35,4 +43,13 @@ def render_summary(doc: dict) -> str:
         lines.append(f"- **stopped**: {_cell(doc['stopped'])}; {doc.get('not_run', 0)} case(s) not run")
     for problem in doc.get("problems", [])[:MAX_FAILURES]:
         lines.append(f"- **problem**: {_cell(problem)}")
-    return "\n".join(lines) + "\n"
+    return bounded("\n".join(lines) + "\n")
+
+
+def bounded(text: str, limit: int = LIMIT) -> str:
+    """At most `limit` bytes of UTF-8, cut at a line, saying where the rest is."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    cut = data[: limit - 200].decode("utf-8", "ignore").rsplit("\n", 1)[0]
+    return cut + "\n\n… the summary was cut at 64 KiB; report.html and results.json hold everything\n"
