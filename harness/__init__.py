@@ -2,6 +2,13 @@
 
 __version__ = "0.1.0"
 
-from .adapters.base import Unsupported  # noqa: E402  (raised by implementations for one case)
-
 __all__ = ["Unsupported", "__version__"]
+
+
+def __getattr__(name: str):
+    # Imported on first use, so `import harness` (the CLI) does not import torch before it must.
+    if name == "Unsupported":  # raised by implementations for one case they decline
+        from .adapters.base import Unsupported
+
+        return Unsupported
+    raise AttributeError(f"module 'harness' has no attribute {name!r}")

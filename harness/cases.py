@@ -28,6 +28,7 @@ import yaml
 
 from .errors import CaseSpecError
 from .ids import make_case_id, matches
+from .yamlio import safe_load
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ def seed_for(case_id: str) -> int:
 
 def load_case_file(path: Path) -> list[CaseSpec]:
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise CaseSpecError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(doc, dict) or "component" not in doc or "cases" not in doc:

@@ -80,6 +80,10 @@ def main() -> None:
 def run(impl, select, report_dir, workers, device, timeout, no_isolate, shard, pytest_args, baseline, tier, goldens_dir,
         cases_dir, config_path):
     """Run an implementation against the goldens and write the conformance report."""
+    if not no_isolate:
+        from .forkserver import warm_up
+
+        warm_up()  # first: the fork server imports torch while this process does
     from .report import render_table
     from .session import RunOptions
     from .session import run as run_session

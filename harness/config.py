@@ -18,6 +18,7 @@ import yaml
 from .errors import UsageError
 from .policy import FLOAT_KINDS, Policy
 from .registry import Component, OutputSpec
+from .yamlio import safe_load
 
 DTYPE_KINDS = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
@@ -155,7 +156,7 @@ def load_config(path: Path | None = None) -> Config:
     if not path.exists():
         raise UsageError(f"{path}: configuration file not found")
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
+        doc = safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise UsageError(f"{path}: malformed YAML: {exc}") from None
     if not isinstance(doc, dict):

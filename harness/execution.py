@@ -2,8 +2,8 @@
 
 `CaseExecutor` holds what every case of a run shares: the configuration, the manifest and the
 implementation. With `isolate` on (the default for `conformance run`), the implementation lives
-in a spawned child process (see `harness.isolation`): a crash or a hang becomes the `crash` or
-`timeout` status of that case and a fresh child takes the next one.
+in child processes (see `harness.isolation`; `workers` of them at once, `harness.pool`): a crash
+or a hang becomes the `crash` or `timeout` status of that case and a fresh child takes the next one.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ class CaseExecutor:
     timeout: float = 120.0
     isolate: bool = False
     run_dir: str | None = None  # the run's private folder (harness.rundir): output capture, children
+    workers: int = 1  # isolation children run in parallel by this process (harness.pool)
+    order: tuple[str, ...] = ()  # a pool run: every case, in the order they should start
     _impl: Any = None
     _pool: Any = None
     _manifest_error: str = ""
@@ -61,7 +63,8 @@ class CaseExecutor:
         except GoldenError as exc:
             manifest, problem = {}, str(exc)
         executor = cls(config, spec, manifest, run.get("device", "cpu"), float(run.get("timeout", config.timeout)),
-                       bool(run.get("isolate", False)), run.get("run_dir"))
+                       bool(run.get("isolate", False)), run.get("run_dir"), int(run.get("workers", 1)),
+                       tuple(run.get("cases", ())) if run.get("prefetch") else ())
         executor._manifest_error = problem
         return executor
 
@@ -72,7 +75,7 @@ class CaseExecutor:
             return CaseResult(case_id, split_case_id(case_id)[0], "error", f"golden: {self._manifest_error}")
         output = self._output_file(case_id)
         if self.isolate:
-            return self._isolated(case_id, output)
+            return self._isolated(case_id)
         with capture.capture_fds(output) if output else contextlib.nullcontext():
             result = run_case(case_id, self.config, self.impl(), self.spec.name, self.manifest, self.spec.conf)
         capture.attach(result, capture.read_text(output))
@@ -94,12 +97,23 @@ class CaseExecutor:
             self._impl = impl
         return self._impl
 
-    def _isolated(self, case_id: str, output: str | None) -> CaseResult:
+    def _isolated(self, case_id: str) -> CaseResult:
         if self._pool is None:
-            from .isolation import IsolatedWorker
+            from .forkserver import warm_up
+            from .pool import CasePool
 
-            self._pool = IsolatedWorker(self)
-        return self._pool.run(case_id, output)
+            warm_up()  # from this (main) thread, never from a pool thread that ends before the run
+            # With `order` (a pool run) every case is queued at once and each item waits for its
+            # own result; without it (a pytest-xdist worker, which owns only some cases) a case is
+            # queued when its item asks for it.
+            self._pool = CasePool(self, self.workers, list(self.order))
+        return self._pool.result(case_id)
+
+    def close(self) -> None:
+        """Stop the isolation children (the end of a run, or a stop)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
 
 __all__ = ["CaseExecutor", "HarnessError"]

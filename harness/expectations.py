@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from .errors import UsageError
+from .yamlio import safe_load
 
 EXPECTABLE = ("fail", "error", "crash", "timeout")
 
@@ -46,7 +47,7 @@ def load_expectations(impl_conf: dict[str, Any], root: Path, where: str) -> list
         if not path.exists():
             raise UsageError(f"{where}: expectations file {path} not found")
         try:
-            raw = yaml.safe_load(path.read_text()) or []
+            raw = safe_load(path.read_text()) or []
         except yaml.YAMLError as exc:
             raise UsageError(f"{path}: malformed YAML: {exc}") from None
         where = str(path)

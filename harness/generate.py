@@ -27,7 +27,7 @@ from .golden import (
     MANIFEST, SCHEMA_VERSION, Golden, decode, discover, encode, golden_path, load_verified, manifest_entry,
     read_manifest, sha256, write_atomic, write_manifest,
 )
-from . import regenerated
+from . import cache, regenerated
 from .registry import Component, get
 from .runner import golden_context
 
@@ -142,9 +142,13 @@ def generate(config: Config, select: list[str] | None = None, check: bool = Fals
         rewrite = True
     new_manifest = dict(manifest)
     neighbours: dict[str, Golden] = {}
+    code = cache.source_digest() if config.tier != "small" and not check else ""
     for i, spec in enumerate(specs):
         if progress:
             progress(i, len(specs), spec.id)
+        if code and _from_cache(config, spec.id, manifest.get(spec.id), code):
+            report.unchanged.append(spec.id)
+            continue
         try:
             golden = build_golden(spec, config)
             component = get(spec.component)
@@ -176,6 +180,8 @@ def generate(config: Config, select: list[str] | None = None, check: bool = Fals
             _writing(path, lambda: write_atomic(path, data))
             report.written.append(spec.id)
         new_manifest[spec.id] = manifest_entry(config.goldens, spec.id, data)
+        if code:
+            cache.write(CACHE_KIND, new_manifest[spec.id]["sha256"], data, cache.keyed(spec.id, code))
     if progress:
         progress(len(specs), len(specs), "")
     known = {s.id for s in specs}
@@ -194,6 +200,24 @@ def generate(config: Config, select: list[str] | None = None, check: bool = Fals
         changed = {k: v for k, v in new_manifest.items() if manifest.get(k) != v}
         _writing(config.goldens / "MANIFEST.json", lambda: _merge_manifest(config, changed, set(report.removed)))
     return report
+
+
+CACHE_KIND = "goldens"
+
+
+def _from_cache(config: Config, case_id: str, entry: dict | None, code: str) -> bool:
+    """A locally built tier's golden restored from the cache: only the bytes this very code built
+    before for this case (keyed by the case id and the harness's source digest) and only when
+    they are what MANIFEST.json pins. True when the file is in place."""
+    if entry is None:
+        return False
+    data = cache.read(CACHE_KIND, str(entry.get("sha256")), cache.keyed(case_id, code))
+    if data is None:
+        return False
+    path = golden_path(config.goldens, case_id)
+    if not (path.exists() and path.read_bytes() == data):
+        _writing(path, lambda: write_atomic(path, data))
+    return True
 
 
 def _writing(path, write: Callable[[], None]) -> None:

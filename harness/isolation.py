@@ -1,4 +1,4 @@
-"""Crash- and hang-safe execution: the implementation runs in a spawned child process.
+"""Crash- and hang-safe execution: the implementation runs in a child process.
 
 The parent (a pytest worker) starts a child and waits for it to load the implementation (its own,
 generous limit: importing torch and a big extension on a loaded machine can take a while), then
@@ -10,8 +10,11 @@ receives the case.
   `timeout`; a fresh child takes the next case.
 - A sticky CUDA error (the device is unusable after it): the case keeps its status and the child
   is replaced before the next case, so the error is charged to the case that caused it.
-Children are started with the `spawn` method (never `fork`: CUDA and threads do not survive it)
-and put in their own session, so a kill reaches whatever they started; each is registered with
+Children are forked from a fork server that has already imported torch and the harness
+(`harness.forkserver`; never plain `fork` of the worker: CUDA and threads do not survive it), so a
+fresh child after a crash costs milliseconds, not an interpreter start. Each takes the parent's
+current environment and working directory, and is put in its own session, so a kill reaches
+whatever it started; each is registered with
 the run (`harness.rundir`), which kills every child's process group when the run ends, and dies
 with its parent (Linux `PR_SET_PDEATHSIG`). Everything the implementation prints during a case
 goes to that case's capture file (`harness.capture`), read back even after a crash or a timeout.
@@ -20,13 +23,13 @@ goes to that case's capture file (`harness.capture`), read back even after a cra
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 
-from . import capture
+from . import capture, forkserver
 from .ids import split_case_id
 from .rundir import register_child
 from .runner import CaseResult
@@ -51,6 +54,11 @@ def _child_main(conn, run_config: dict) -> None:
     """Child loop: build the executor in-process, answer case ids until told to stop."""
     os.setsid()  # own process group: the parent can kill everything this child starts
     _die_with_parent()
+    # The fork server was started earlier, maybe elsewhere: take the parent's view of the world now.
+    os.environ.clear()
+    os.environ.update(run_config["environ"])
+    os.environ["CONFORMANCE_SLOT"] = str(run_config.get("slot", 0))
+    os.chdir(run_config["cwd"])
     from .execution import CaseExecutor
 
     executor = CaseExecutor.from_run({**run_config, "isolate": False})
@@ -79,15 +87,17 @@ def _child_main(conn, run_config: dict) -> None:
 
 @dataclass
 class _Child:
-    process: mp.Process
+    process: object  # a multiprocessing Process
     conn: object
 
 
 class IsolatedWorker:
-    """Runs cases for a `CaseExecutor` in a spawned child with a per-case timeout."""
+    """Runs cases for a `CaseExecutor` in a child process with a per-case timeout; `slot` numbers
+    the children of a pool (a child in slot K takes CUDA device K mod count under `--device cuda`)."""
 
-    def __init__(self, executor):
+    def __init__(self, executor, slot: int = 0):
         self.executor = executor
+        self.slot = slot
         self.run_config = {
             "config": str(executor.config.path),
             "tier": executor.config.tier,
@@ -98,9 +108,11 @@ class IsolatedWorker:
             "device": executor.device,
             "timeout": executor.timeout,
             "run_dir": executor.run_dir,
+            "slot": slot,
         }
         self.child: _Child | None = None
         self.broken = ""
+        self._lock = threading.Lock()  # stop() may come from another thread (the end of a run)
 
     def run(self, case_id: str, output: str | None = None) -> CaseResult:
         """The case's result; what the implementation printed is captured in `output` (a path)."""
@@ -138,17 +150,17 @@ class IsolatedWorker:
                 try:
                     kind, payload = child.conn.recv()
                 except (EOFError, OSError):
-                    return self._crashed(case_id, component, start)
+                    return self._crashed(child, case_id, component, start)
                 result = CaseResult.from_json(payload)
                 if any(m in result.message for m in STICKY_CUDA_MARKERS):
                     result.message += "\n(the worker was restarted after this CUDA error)"
                     self._stop(kill=True)
                 return result
             if not child.process.is_alive():
-                return self._crashed(case_id, component, start)
+                return self._crashed(child, case_id, component, start)
 
-    def _crashed(self, case_id: str, component: str, start: float) -> CaseResult:
-        process = self.child.process
+    def _crashed(self, child: _Child, case_id: str, component: str, start: float) -> CaseResult:
+        process = child.process
         process.join(timeout=5)
         code = process.exitcode
         if code is not None and code < 0:
@@ -164,10 +176,11 @@ class IsolatedWorker:
                           duration_s=time.perf_counter() - start)
 
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")
+        ctx = forkserver.context()
         parent, child = ctx.Pipe()
-        process = ctx.Process(target=_child_main, args=(child, self.run_config), daemon=True)
-        process.start()
+        run_config = {**self.run_config, "environ": dict(os.environ), "cwd": os.getcwd()}
+        process = ctx.Process(target=_child_main, args=(child, run_config), daemon=True)
+        forkserver.start(process)
         register_child(self.run_config.get("run_dir"), process.pid)
         child.close()
         self.child = _Child(process, parent)
@@ -183,10 +196,17 @@ class IsolatedWorker:
             self.broken = (f"the worker did not finish importing torch and loading the implementation within {limit:g} s "
                            "(an overloaded machine, or an implementation that hangs while loading)")
 
+    def stop(self) -> None:
+        """Kill the child (and whatever it started); the next case starts a fresh one."""
+        self._stop(kill=True)
+
     def _stop(self, kill: bool) -> None:
-        if self.child is None:
+        with self._lock:
+            child, self.child = self.child, None
+            self.broken = ""
+        if child is None:
             return
-        process = self.child.process
+        process = child.process
         if kill and process.is_alive():
             try:
                 os.killpg(process.pid, signal.SIGKILL)
@@ -194,11 +214,9 @@ class IsolatedWorker:
                 process.kill()
         process.join(timeout=5)
         try:
-            self.child.conn.close()
+            child.conn.close()
         except OSError:
             pass
-        self.child = None
-        self.broken = ""
 
     def __del__(self):
         try:

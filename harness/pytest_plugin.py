@@ -56,6 +56,14 @@ def _context(run: dict):
     return _CONTEXT["executor"]
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """The end of a run (or of a worker's share of it): stop the isolation children."""
+    executor = _CONTEXT.get("executor")
+    if executor is not None:
+        executor.close()
+    _CONTEXT.clear()
+
+
 class CaseItem(pytest.Item):
     def __init__(self, *, run: dict, **kwargs):
         super().__init__(**kwargs)

@@ -5,7 +5,9 @@ stores their SHA-256, dtype and shape in the metadata (`regenerated_inputs`) ins
 tensor; the runner rebuilds them from the case's seed with the component's own input builder and
 checks the hash before anything runs. The builders draw random numbers portably (see
 `harness.reference.numerics.randn`), so the rebuilt tensors are bit-identical on every machine;
-a hash mismatch is reported as a golden error, never silently used.
+a hash mismatch is reported as a golden error, never silently used. Rebuilt tensors are kept in
+the local cache (`harness.cache`, verified by hash on every read), so a case pays for the rebuild
+once per machine, not once per run.
 """
 
 from __future__ import annotations
@@ -14,23 +16,47 @@ import hashlib
 
 import torch
 
+from . import cache
 from .errors import GoldenError
 from .golden import Golden
 
+CACHE_KIND = "inputs"
+
 
 def tensor_sha256(t: torch.Tensor) -> str:
-    data = t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
-    return hashlib.sha256(data).hexdigest()
+    return hashlib.sha256(_tensor_bytes(t)).hexdigest()
 
 
 def describe(t: torch.Tensor) -> dict:
     return {"sha256": tensor_sha256(t), "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}
 
 
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    return t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def _cached(want: dict) -> torch.Tensor | None:
+    """The recorded tensor from the cache (its bytes verified against the recorded SHA-256)."""
+    dtype = getattr(torch, want["dtype"], None)
+    if not isinstance(dtype, torch.dtype):
+        return None
+    data = cache.read(CACHE_KIND, want["sha256"])
+    if data is None or not data:
+        return None
+    try:
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(want["shape"])
+    except (RuntimeError, ValueError):
+        return None
+
+
 def restore(golden: Golden, component) -> None:
     """Rebuild the golden's regenerated inputs in place, checking each against its hash."""
     recorded = golden.meta.get("regenerated_inputs") or {}
     if not recorded:
+        return
+    cached = {name: _cached(want) for name, want in recorded.items()}
+    if all(t is not None for t in cached.values()):
+        golden.inputs.update(cached)
         return
     gen = torch.Generator()
     gen.manual_seed(int(golden.meta["seed"]))
@@ -48,3 +74,4 @@ def restore(golden: Golden, component) -> None:
                 "the goldens (`conformance generate`) or report it"
             )
         golden.inputs[name] = tensor
+        cache.write(CACHE_KIND, want["sha256"], _tensor_bytes(tensor))

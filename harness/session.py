@@ -115,6 +115,26 @@ def select_case_ids(config: Config, select: list[str]) -> list[str]:
     return sorted(i for i in ids if matches(i, select))
 
 
+XDIST_FLAGS = ("-n", "--numprocesses", "--tx", "-d", "--dist", "--maxprocesses")
+
+
+def _xdist_requested(pytest_args: tuple[str, ...]) -> bool:
+    """pytest-xdist options in --pytest-args (remote --tx workers, say): pytest-xdist runs the
+    cases, each of its workers with its own isolation child, instead of this process's pool."""
+    return any(a == flag or a.startswith(flag + "=") or (flag == "-n" and a.startswith("-n") and a[2:].isdigit())
+               for a in pytest_args for flag in XDIST_FLAGS)
+
+
+def case_costs(config: Config, ids: list[str]) -> dict[str, float]:
+    from .workers import estimate
+
+    try:
+        manifest = read_manifest(config.goldens, drop_invalid=True)
+    except Exception:  # a corrupt manifest is reported per case by the executor
+        manifest = {}
+    return {i: estimate(i, manifest, config.goldens) for i in ids}
+
+
 def ids_digest(ids: list[str]) -> str:
     """Which cases a run chose from (before sharding): shards of one run agree on it."""
     return hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()
@@ -141,9 +161,12 @@ def run(config: Config, options: RunOptions) -> dict:
     """
     import pytest
 
+    from . import forkserver, workers
     from .pytest_plugin import RUN_SUFFIX, ResultCollector
     from .report import write_reports
 
+    if options.isolate:
+        forkserver.warm_up()  # the fork server imports torch while this process selects the cases
     spec = resolve(options.impl, config)
     impl = instantiate(spec)  # fail fast (exit 2) on an implementation that cannot even be loaded
     prepare = getattr(impl, "prepare", None)
@@ -160,6 +183,10 @@ def run(config: Config, options: RunOptions) -> dict:
     if options.shard:
         ids = shard_ids(ids, *options.shard)
     selection["owned"] = len(ids)
+    costs = case_costs(config, ids)
+    ids = workers.heaviest_first(ids, costs)
+    pool = options.isolate and not _xdist_requested(options.pytest_args)
+    count = workers.resolve(options.workers, costs, options.isolate)
     with RunDir(options.report_dir) as run_dir:
         run_file = run_dir.path / f"cases{RUN_SUFFIX}"
         run_file.write_text(json.dumps({
@@ -173,14 +200,16 @@ def run(config: Config, options: RunOptions) -> dict:
             "device": options.device,
             "timeout": options.timeout or config.timeout,
             "isolate": options.isolate,
+            "workers": max(1, count) if pool else 1,
+            "prefetch": pool,
             "cases": ids,
         }))
         (run_dir.path / "pytest.ini").write_text("[pytest]\n")
         collector = ResultCollector()
         args = ["-c", str(run_dir.path / "pytest.ini"), "--rootdir", str(run_dir.path), "-p", "harness.pytest_plugin",
                 "-p", "no:cacheprovider", "--assert=plain", "-q", "--no-header", "-rN", "--tb=no", str(run_file)]
-        if options.workers not in ("0", ""):
-            args += ["-n", options.workers]
+        if not pool and count > 1:
+            args += ["-n", str(count)]
         args += list(options.pytest_args)
         started = time.time()
         stop = StopSignals()

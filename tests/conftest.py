@@ -15,10 +15,29 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "impls"))  # the wrong implementations import their siblings
 
 
-def run_cli(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Path = ROOT, timeout: float = 300, fresh: bool = False) -> subprocess.CompletedProcess:
+    """`conformance ARGS` as a user types it. In this test process (click's runner: the same exit
+    code, stdout and stderr, without a new interpreter importing torch), unless `fresh` asks for a
+    process of its own (what a test of process-wide state needs: signals, ATEN_CPU_CAPABILITY)."""
+    if not fresh:
+        return _run_in_process(args, cwd)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def _run_in_process(args: tuple[str, ...], cwd: Path) -> subprocess.CompletedProcess:
+    from click.testing import CliRunner
+
+    from harness.cli import main
+
+    before = os.getcwd()
+    os.chdir(cwd)
+    try:
+        result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    finally:
+        os.chdir(before)
+    return subprocess.CompletedProcess(["conformance", *args], result.exit_code, result.stdout, result.stderr)
 
 
 def make_project(dest: Path, components: list[str] | None = None) -> Path:
@@ -58,10 +77,25 @@ def project(tmp_path: Path) -> Path:
     return make_project(tmp_path)
 
 
+_OWN_CACHE: list[str] = []
+
+
 def pytest_configure(config):
+    import tempfile
+
     import torch
 
     torch.set_num_threads(1)  # xdist workers share 2 cores; oversubscription makes tests crawl
+    if "CONFORMANCE_CACHE" not in os.environ:
+        # The rebuilt-input cache (harness/cache.py) of this test session, shared by its xdist
+        # workers (they inherit the variable) and by every run the tests start; not the user's.
+        _OWN_CACHE.append(tempfile.mkdtemp(prefix="conformance-test-cache-"))
+        os.environ["CONFORMANCE_CACHE"] = _OWN_CACHE[0]
+
+
+def pytest_unconfigure(config):
+    for folder in _OWN_CACHE:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _build_example(tmp_path_factory, folder: str, files: tuple[str, ...], program: str) -> Path:

@@ -148,6 +148,20 @@ def test_sigterm_kills_the_hung_implementation_and_what_it_started(tmp_path):
     assert statuses(results(report)) and results(report)["stopped"]
 
 
+def test_a_run_killed_with_sigkill_takes_its_hung_child_with_it(tmp_path):
+    """No handler runs on SIGKILL: the fork server dies with the run, and the child with the
+    fork server (PR_SET_PDEATHSIG at both links)."""
+    report, pids = tmp_path / "rep", tmp_path / "pids"
+    run = start_run("--impl", f"{CI}:SpawnsAndHangs", "--select", "norm.rms", "--report-dir", str(report),
+                    env={"CONFORMANCE_TEST_PIDS": str(pids)})
+    wait_for(pids.exists, "the implementation to start its helper")
+    child, _ = (int(p) for p in pids.read_text().split())
+    assert alive(child)
+    run.kill()
+    run.communicate(timeout=120)
+    wait_for(lambda: not alive(child), "the hung child to die with the killed run", 30)
+
+
 # --- 5. what an implementation prints ---------------------------------------------------------
 
 

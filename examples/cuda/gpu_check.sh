@@ -6,7 +6,11 @@
 #      TRITON_INTERPRET), on quant.e2m1, quant.fp4_* and indexer.scores;
 #   4. conformance run --device cuda with upstream's own torch arithmetic (tests/impls/
 #      gate_upstream.py) on the fp8 Linear at every production shape (linear.fp8: wq_a, wq_b,
-#      wo_b, the indexer's wq_b) and sparse_attn at production size (d 512, 16 heads, 144 lanes).
+#      wo_b, the indexer's wq_b) and sparse_attn at production size (d 512, 16 heads, 144 lanes);
+#   5. the CUDA example again with -n 2: two isolation children forked from the preloaded fork
+#      server (harness/forkserver.py) each initialise CUDA on their own;
+#   6. a sticky CUDA error in one case (tests/impls/wrong.py:StickyCudaError, --device cuda -n 2):
+#      that case fails, its child is replaced by a fresh fork, every other case passes.
 # Each step runs under a time limit and logs to $OUT/<step>.log; a short summary comes last.
 #
 # Usage (from anywhere):  examples/cuda/gpu_check.sh
@@ -75,13 +79,16 @@ step triton "$PY" -m harness run --device cuda --impl examples/triton_impl.py:Tr
     --select 'quant.e2m1,quant.fp4_e4m3,quant.fp4_e8m0,indexer.scores' --report-dir "$OUT/triton" || failed=1
 step fp8 "$PY" -m harness run --device cuda --impl tests/impls/gate_upstream.py:UpstreamTorch \
     --select 'linear.fp8,sparse_attn/production-*' --report-dir "$OUT/fp8" || failed=1
+step forked "$PY" -m harness run --device cuda -n 2 --impl examples/cuda/cuda_impl.py:CudaImpl \
+    --select 'quant.e2m1,quant.fp4_e4m3,quant.fp4_e8m0' --report-dir "$OUT/forked" || failed=1
+step sticky "$PY" examples/cuda/sticky_check.py "$OUT/sticky" || failed=1
 
 echo
 echo "gpu_check summary"
 for i in "${!NAMES[@]}"; do
     printf '  %-7s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"
 done
-for name in cuda triton fp8; do
+for name in cuda triton fp8 forked sticky; do
     if [ -f "$OUT/$name/results.json" ]; then
         "$PY" - "$OUT/$name/results.json" "$name" <<'EOF'
 import json, sys

@@ -4,8 +4,9 @@ Wraps any Python implementation when `--device cuda[:N]` is given. After each ca
 synchronises the device, so an asynchronous fault (an illegal address, a device-side assert) is
 raised inside the call of the case that caused it, and is charged to that case; the isolation
 worker then replaces its process, since such errors are sticky. Outputs are moved back to the
-CPU before comparison. Under pytest-xdist each worker takes one visible device (`gwK` uses
-device K mod count) when `--device cuda` names none.
+CPU before comparison. When `--device cuda` names no device, parallel children spread over the
+visible devices: the child in pool slot K (`-n`), or the pytest-xdist worker `gwK`, takes device
+K mod count.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ def pick_device(device: str) -> str:
     if device != "cuda":
         return device
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    slot = os.environ.get("CONFORMANCE_SLOT", "0")
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else int(slot) if slot.isdigit() else 0
     count = torch.cuda.device_count()
-    if worker.startswith("gw") and worker[2:].isdigit() and count:
-        return f"cuda:{int(worker[2:]) % count}"
-    return "cuda:0"
+    return f"cuda:{index % count}" if count else "cuda:0"
 
 
 class DeviceAdapter:

@@ -1,0 +1,18 @@
+"""Imported by the fork server alone (first in its preload list, `harness.forkserver`): the server
+dies with the process that started it, even when that process is killed with SIGKILL (Linux
+`PR_SET_PDEATHSIG`), and its children die with it the same way (`harness.isolation`). Without
+this, a fork server outlives a killed run and keeps a hung child alive. Never import it elsewhere:
+it would tie the importing process's life to its parent's."""
+
+import os
+import signal
+
+try:
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):  # not Linux: the server exits when its parent closes its pipe
+    pass
+else:
+    if os.getppid() == 1:  # the parent died before the signal was armed
+        os._exit(0)
