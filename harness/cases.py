@@ -82,6 +82,14 @@ def load_case_file(path: Path) -> list[CaseSpec]:
     return specs
 
 
+def concrete_specs(spec: CaseSpec, component) -> list[CaseSpec]:
+    """A case file entry as the cases it stands for: expanded by its component (one per schedule,
+    say), every param in its declared type (the YAML literal's spelling no longer matters)."""
+    expand = component.extra.get("expand")
+    return [dataclasses.replace(c, params=component.typed_params(c.params, c.source))
+            for c in (expand(spec) if expand else [spec])]
+
+
 def load_cases(cases_dir: Path, select: list[str] | None = None) -> list[CaseSpec]:
     """Every case of every file, expanded by its component, in a stable order."""
     from .registry import components
@@ -95,11 +103,7 @@ def load_cases(cases_dir: Path, select: list[str] | None = None) -> list[CaseSpe
                 raise CaseSpecError(
                     f"{spec.source}: unknown component {spec.component!r}; known: {', '.join(sorted(registry))}"
                 )
-            component = registry[spec.component]
-            expand = component.extra.get("expand")
-            for concrete in expand(spec) if expand else [spec]:
-                # every param has a declared type: the YAML literal's spelling no longer matters
-                concrete = dataclasses.replace(concrete, params=component.typed_params(concrete.params, concrete.source))
+            for concrete in concrete_specs(spec, registry[spec.component]):
                 case_id = concrete.id
                 if case_id in seen:
                     raise CaseSpecError(f"{concrete.source}: duplicate case id {case_id} (first in {seen[case_id]})")

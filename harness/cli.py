@@ -214,11 +214,18 @@ def verify(tier, goldens_dir, cases_dir, config_path):
               help="the component catalogue: inputs, returns, compared outputs, params, dims")
 @click.option("--json", "as_json", is_flag=True, help="with --components: machine-readable")
 @click.option("--markdown", "as_markdown", is_flag=True, help="with --components: docs/catalogue.md")
+@click.option("--spaces", "only_spaces", is_flag=True, help="what `conformance fuzz` samples, per component")
 @tier_option
 @store_options
 @config_option
-def list_cases(select, only_components, as_json, as_markdown, tier, goldens_dir, cases_dir, config_path):
-    """List cases, or (--components) the component catalogue."""
+def list_cases(select, only_components, as_json, as_markdown, only_spaces, tier, goldens_dir, cases_dir, config_path):
+    """List cases, or (--components) the component catalogue, or (--spaces) the fuzz spaces."""
+    if only_spaces:
+        from .fuzz_sample import selected_spaces
+
+        for name, space in selected_spaces(parse_select(select)).items():
+            click.echo(f"{name:<22} {space.note}")
+        return
     from .cases import load_cases
     from .catalogue import catalogue, render_markdown, render_text
     from .registry import components
@@ -280,6 +287,59 @@ def report(report_dir):
         _fail_usage(exc)
     write_reports(doc, Path(report_dir))
     click.echo(render_table(doc))
+    sys.exit(doc["exit_code"])
+
+
+@main.command()
+@click.option("--impl", required=True, help="as for `run`")
+@select_option
+@click.option("--budget", "budget_s", type=float, default=None, help="seconds to spend sampling and judging (default 60)")
+@click.option("--cases", "case_count", type=int, default=None, help="sample exactly this many cases instead of a budget")
+@click.option("--seed", default=0, show_default=True, type=int, help="the same seed samples the same cases everywhere")
+@click.option("--index", "case_index", type=int, default=None, help="re-create only case INDEX of the seed (printed with a failure)")
+@click.option("--promote", is_flag=True, help="add each shrunk failing case to cases/ and write its golden")
+@click.option("--shrink-seconds", default=60.0, show_default=True, help="time to spend shrinking failures")
+@click.option("--report-dir", default="reports/fuzz", show_default=True, type=click.Path(file_okay=False))
+@click.option("-n", "workers", default="0", show_default=True, help="parallel isolation children: a number or auto")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N")
+@click.option("--timeout", type=float, default=None, help="seconds per case (default: conformance.yaml's timeout)")
+@click.option("--no-isolate", is_flag=True, help="run the implementation in this process (faster, not crash-safe)")
+@config_option
+def fuzz(impl, select, budget_s, case_count, seed, case_index, promote, shrink_seconds, report_dir, workers, device,
+         timeout, no_isolate, config_path):
+    """Judge an implementation on fresh cases sampled from every component's space.
+
+    Cases are built by the reference at once and judged exactly like goldens; a failure is shrunk
+    to a small case printed as a case-file entry (`--promote` adds it to cases/ with its golden).
+    Exit 0 when nothing failed, 1 when something did, 2 on a usage error."""
+    if not no_isolate:
+        from .forkserver import warm_up
+
+        warm_up()
+    from .fuzz import FuzzOptions
+    from .fuzz import fuzz as run_fuzz
+    from .report import render_table
+    from .report.fuzzing import render_fuzz_text
+
+    try:
+        config = _config(config_path)
+        _check_device(device)
+        _check_run_flags(workers, timeout, Path(report_dir), config)
+        if budget_s is not None and case_count is not None:
+            raise UsageError("give --budget SECONDS or --cases N, not both")
+        if (budget_s is not None and not budget_s > 0) or (case_count is not None and case_count < 1):
+            raise UsageError("--budget must be positive seconds and --cases at least 1")
+        options = FuzzOptions(impl=impl, select=parse_select(select), report_dir=Path(report_dir), seed=seed,
+                              budget_s=60.0 if budget_s is None and case_count is None else budget_s,
+                              cases=1 if case_index is not None else case_count, index=case_index, workers=str(workers),
+                              isolate=not no_isolate, timeout=timeout, device=device, config_path=config_path,
+                              promote=promote, shrink_s=shrink_seconds)
+        doc = run_fuzz(config, options)
+    except HarnessError as exc:
+        _fail_usage(exc)
+    click.echo(render_table(doc))
+    click.echo(render_fuzz_text(doc))
+    click.echo(f"reports: {Path(report_dir) / 'results.json'}, summary.md, junit.xml, report.html")
     sys.exit(doc["exit_code"])
 
 

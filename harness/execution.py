@@ -69,6 +69,8 @@ class CaseExecutor:
         return executor
 
     def run(self, case_id: str) -> CaseResult:
+        if case_id not in self.manifest:
+            self._reread_manifest()  # a golden written after this run started (conformance fuzz shrinking)
         if self._manifest_error:
             from .ids import split_case_id
 
@@ -80,6 +82,12 @@ class CaseExecutor:
             result = run_case(case_id, self.config, self.impl(), self.spec.name, self.manifest, self.spec.conf)
         capture.attach(result, capture.read_text(output))
         return result
+
+    def _reread_manifest(self) -> None:
+        try:
+            self.manifest, self._manifest_error = read_manifest(self.config.goldens), ""
+        except GoldenError as exc:
+            self.manifest, self._manifest_error = {}, str(exc)
 
     def _output_file(self, case_id: str) -> str | None:
         """Where this case's output is captured: `<run dir>/output/<component>__<case>.log`."""

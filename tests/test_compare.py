@@ -111,3 +111,18 @@ def test_set_ordered_ids_must_be_ascending_with_the_fill_last():
     expected = torch.tensor([[1, 2, -1]])
     verdict = compare_output("ids", expected, torch.tensor([[2, 1, -1]]), policy, {"aux.s": scores})
     assert not verdict.ok and "not in ascending order" in verdict.message
+
+
+def test_empty_index_rows_compare_equal_and_count_their_rows():
+    """A ratio-2 layer after a one-position prefill selects nothing: ids [b, S, 0]."""
+    import torch
+
+    from harness.compare import compare_output
+    from harness.policy import Policy
+
+    empty = torch.zeros(2, 3, 0, dtype=torch.int32)
+    verdict = compare_output("ids", empty, empty.clone(), Policy(kind="index", scores="aux.s", order="set"),
+                             {"aux.s": torch.zeros(2, 3, 5)}, {})
+    assert verdict.ok and verdict.metrics["rows"] == 6
+    wrong = compare_output("ids", empty, torch.zeros(2, 3, 1, dtype=torch.int32), Policy(kind="index"), {}, {})
+    assert not wrong.ok and "shape" in wrong.message

@@ -127,3 +127,12 @@ def test_decode_refusals():
         address_decode(torch.tensor([-3]), torch.tensor([0]), 8, 2)
     with pytest.raises(ValueError, match="integer"):
         address_prefill(torch.tensor([1.0]), 3)
+
+
+def test_decode_with_no_block_allocated_keeps_every_lane_empty():
+    """Every lane -1 (nothing selected yet) and an empty table: all -1, no gather into nothing."""
+    empty = torch.full((2, 3, 4), -1, dtype=torch.int32)
+    assert torch.equal(address_decode(empty, torch.zeros(2, 0, dtype=torch.int32), 8, 2), empty)
+    assert torch.equal(address_decode(empty[0], torch.zeros(0, dtype=torch.int32), 8, 2), empty[0])
+    with pytest.raises(ValueError, match="needs block 0"):
+        address_decode(torch.tensor([[0, -1]], dtype=torch.int32), torch.zeros(1, 0, dtype=torch.int32), 8, 2)

@@ -50,6 +50,8 @@ def address_decode(ids: torch.Tensor, block_table: torch.Tensor, block_size: int
             f"{nblocks} entries ({rows_per_block} rows each); extend the table or drop the row"
         )
     table = block_table.long()
+    if nblocks == 0:  # nothing allocated yet: only -1 lanes can be addressed (checked above)
+        table = torch.zeros((*table.shape[:-1], 1), dtype=torch.long)
     if table.ndim == 1:
         phys_block = table[blk]
     elif table.ndim == 2 and ids.ndim >= 1 and ids.shape[0] == table.shape[0]:

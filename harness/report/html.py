@@ -50,6 +50,10 @@ def render_html(doc: dict) -> str:
                    f"<td>{e['cases']}</td>" + "".join(_count(e.get(c, 0)) for c in COLUMNS)
                    + "".join(_count(e.get(d.count, 0)) for d in DIFFERENCES) + "</tr>")
     out.append("</table>")
+    if doc.get("fuzz"):
+        from .fuzzing import render_fuzz_html
+
+        out.append(render_fuzz_html(doc))
     if doc.get("baseline"):
         from .changes import render_diff_html
 

@@ -27,6 +27,10 @@ def render_summary(doc: dict) -> str:
     if doc.get("merged_from"):
         floors = "enforced on the union" if doc.get("floors_enforced") else "not enforced (not the shards of one full run)"
         lines += ["", f"merged from {len(doc['merged_from'])} part(s); case floors {floors}"]
+    if doc.get("fuzz"):
+        from .fuzzing import render_fuzz_markdown
+
+        lines += ["", render_fuzz_markdown(doc).rstrip()]
     if doc.get("baseline"):
         from .changes import render_diff_markdown
 

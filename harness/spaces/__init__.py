@@ -1,0 +1,8 @@
+"""Every component's case space (harness/space.py), one module per group of components.
+
+Importing this package registers them all. Each draw returns (params, build) as a case file
+would write them; `tests/test_spaces.py` checks that every component has a space and that draws
+build and pass with the reference.
+"""
+
+from . import attention_path, indexing, numerics  # noqa: F401  (each registers its spaces)

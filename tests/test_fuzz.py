@@ -1,0 +1,97 @@
+"""`conformance fuzz`: bugs that every frozen golden misses are found on fresh cases, shrunk to a
+small case, promoted to a golden, and then fail `conformance run`; the reference finds nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from conftest import ROOT, make_project, results, run_cli
+from harness.fuzz_sample import sample, selected_spaces
+
+WRONG = f"{ROOT}/tests/impls/wrong_shapes.py"
+
+# (implementation, component, cases to sample, what the shrunk case must show)
+BUGS = [
+    ("DropsLanesPastFourTiles", "sparse_attn", 40,
+     lambda b, p: b["k"] > 256 and b["shape"][0] * b["shape"][1] * b["shape"][2] == 1),
+    ("WindowPositions16Bit", "window.indices", 60, lambda b, p: p["start"] >= 1 << 16),
+    ("CompressorBatchOf3", "compressor", 40, lambda b, p: b["batch"] == 3),
+]
+
+
+@pytest.mark.parametrize("impl, component, cases, shrunk_ok", BUGS, ids=[b[0] for b in BUGS])
+def test_a_shape_bug_is_found_shrunk_promoted_and_then_fails_run(tmp_path, impl, component, cases, shrunk_ok):
+    project = make_project(tmp_path, [component])
+    config = str(project / "conformance.yaml")
+    frozen = run_cli("run", "--impl", f"{WRONG}:{impl}", "--select", component, "--config", config,
+                     "--report-dir", str(tmp_path / "frozen"))
+    assert frozen.returncode == 0, frozen.stdout  # every frozen golden misses the bug
+
+    report = tmp_path / "fuzz"
+    proc = run_cli("fuzz", "--impl", f"{WRONG}:{impl}", "--select", component, "--cases", str(cases), "--seed", "1",
+                   "--config", config, "--report-dir", str(report), "--promote", "--shrink-seconds", "60")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    fuzz = results(report)["fuzz"]
+    assert fuzz["components"][component]["failed"] >= 1
+    failure = fuzz["failures"][0]
+    shrunk = yaml.safe_load(failure["shrunk"]["entry"])["cases"][0]
+    params, build = shrunk.get("params", {}), shrunk.get("build", {})
+    assert shrunk_ok(build, params), shrunk
+    assert failure["shrunk"]["steps"] >= 1  # smaller than what was first found
+    assert "conformance fuzz" in failure["command"] and "--seed 1" in failure["command"]
+    assert "shrunk in" in proc.stdout and failure["command"] in proc.stdout
+
+    promoted = failure["promoted"]
+    assert promoted and not promoted.startswith("not promoted"), promoted
+    case_id = promoted.split(", ")[0]
+    manifest = json.loads((project / "goldens" / "MANIFEST.json").read_text())
+    assert case_id in manifest["cases"]
+    again = run_cli("run", "--impl", f"{WRONG}:{impl}", "--select", case_id, "--config", config,
+                    "--report-dir", str(tmp_path / "again"))
+    assert again.returncode == 1 and results(tmp_path / "again")["cases"][0]["status"] != "pass", again.stdout
+    good = run_cli("run", "--impl", "reference", "--select", case_id, "--config", config,
+                   "--report-dir", str(tmp_path / "good"))
+    assert good.returncode == 0, good.stdout
+
+    # the printed command re-creates the original failing case
+    index = failure["command"].split("--index ")[1].split()[0]
+    replay = run_cli("fuzz", "--impl", f"{WRONG}:{impl}", "--select", component, "--seed", "1", "--index", index,
+                     "--config", config, "--report-dir", str(tmp_path / "replay"), "--shrink-seconds", "0")
+    replayed = results(tmp_path / "replay")["cases"]
+    assert replay.returncode == 1 and [c["id"] for c in replayed] == [failure["id"]]
+
+
+def test_the_reference_passes_fresh_cases_of_every_component(tmp_path):
+    report = tmp_path / "fuzz"
+    proc = run_cli("fuzz", "--impl", "reference", "--cases", "45", "--seed", "3", "-n", "2", "--report-dir", str(report))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    doc = results(report)
+    from harness.registry import components
+
+    assert set(doc["fuzz"]["components"]) == set(components())
+    assert all(c["tried"] >= 1 and c["failed"] == 0 and c["invalid"] == 0 for c in doc["fuzz"]["components"].values())
+    assert doc["fuzz"]["seed"] == 3 and not doc["fuzz"]["failures"]
+    assert "fuzz seed 3" in (report / "summary.md").read_text()
+
+
+def test_the_same_seed_samples_the_same_cases_and_another_seed_others():
+    chosen = selected_spaces([])
+
+    def first(seed: int, count: int = 40):
+        stream = sample(seed, chosen)
+        return [(c.spec.id, c.entry.params, c.entry.build) for c in (next(stream) for _ in range(count))]
+
+    assert first(5) == first(5)
+    assert first(5) != first(6)
+    ids = [case_id for case_id, _, _ in first(5, 60)]
+    assert len(set(i.split("/")[0] for i in ids)) == len(chosen)  # the rotation reaches every component
+
+
+def test_fuzz_usage_errors_name_the_problem(tmp_path):
+    proc = run_cli("fuzz", "--impl", "reference", "--select", "no.such*", "--report-dir", str(tmp_path / "r"))
+    assert proc.returncode == 2 and "matches no component" in proc.stderr
+    proc = run_cli("fuzz", "--impl", "reference", "--budget", "5", "--cases", "3", "--report-dir", str(tmp_path / "r"))
+    assert proc.returncode == 2 and "not both" in proc.stderr
