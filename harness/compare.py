@@ -124,19 +124,33 @@ def _fmt(value: torch.Tensor) -> str:
     return str(item)
 
 
-def _argument_allowance(expected: torch.Tensor, policy: Policy, context: dict[str, torch.Tensor]) -> torch.Tensor | float:
-    """`argument_ulps` fp32 ulps of the argument of a transcendental output (|f'| <= 1 for cos and
-    sin), broadcast over the output's trailing dims; 0 without an argument."""
-    if not (policy.argument and policy.argument_ulps):
+def _aux_ulps(expected: torch.Tensor, context: dict[str, torch.Tensor], name: str | None, ulps: float,
+              fmt: torch.dtype, what: str) -> torch.Tensor | float:
+    """`ulps` units in the last place (of `fmt`) of aux tensor `name`, broadcast over the
+    output's trailing dims; 0 when the policy names no tensor or no ulps."""
+    if not (name and ulps):
         return 0.0
-    argument = context.get(policy.argument)
-    if argument is None:
-        raise KeyError(f"the golden lacks aux tensor {policy.argument!r} (the argument of this output); "
-                       "regenerate it with `conformance generate`")
-    allowance = policy.argument_ulps * ulp_of(argument, torch.float32)
+    tensor = context.get(name)
+    if tensor is None:
+        raise KeyError(f"the golden lacks aux tensor {name!r} ({what}); regenerate it with `conformance generate`")
+    allowance = ulps * ulp_of(tensor, fmt)
     while allowance.dim() < expected.dim():
         allowance = allowance.unsqueeze(-1)
     return allowance
+
+
+def _argument_allowance(expected: torch.Tensor, policy: Policy, context: dict[str, torch.Tensor]) -> torch.Tensor | float:
+    """`argument_ulps` fp32 ulps of the argument of a transcendental output (|f'| <= 1 for cos and sin)."""
+    return _aux_ulps(expected, context, policy.argument, policy.argument_ulps, torch.float32,
+                     "the argument of this output")
+
+
+def _term_allowance(expected: torch.Tensor, policy: Policy, context: dict[str, torch.Tensor]) -> torch.Tensor | float:
+    """`term_ulps` bf16 ulps of the largest bf16-rounded term summed into each element: a correct
+    implementation that sums that term's own inputs in another order may round it the other way
+    (docs/verdicts.md, "Intermediate roundings")."""
+    return _aux_ulps(expected, context, policy.terms, policy.term_ulps, torch.bfloat16,
+                     "the largest term of each element")
 
 
 def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, policy: Policy,
@@ -169,16 +183,24 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     ulp = ulp_of(e, fmt)
     ulps = torch.where(finite, diff / ulp, torch.zeros_like(e))
     scale = float(torch.where(finite, e.abs(), torch.zeros_like(e)).max()) if e.numel() else 0.0
-    bound = policy.ulps * ulp + policy.atol + policy.atol_rel * scale + _argument_allowance(expected, policy, context)
+    argument_allowance = _argument_allowance(expected, policy, context)
+    own = policy.ulps * ulp + policy.atol + policy.atol_rel * scale + argument_allowance
+    bound = own + _term_allowance(expected, policy, context)
     over = finite & (diff > bound)
     over_count = int(over.sum())
+    # Elements inside the bound only thanks to the term allowance: one intermediate term rounded
+    # the other way. Counted (and shown in every report) like the quantisers' boundary flips.
+    term_flips = int((finite & (diff > own) & ~over).sum()) if policy.terms and policy.term_ulps else 0
     ef = torch.where(finite, e, torch.zeros_like(e))
     ref_norm = float(ef.norm())
-    err_norm = float(diff.norm())
+    # rel L2 judges the error the argument's rounding does not explain: at large angles one fp32
+    # ulp of the argument is a large step of cos and sin for every correct implementation alike.
+    err_norm = float((diff - argument_allowance).clamp_min(0.0).norm())
     rel_l2 = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
     max_ulps = float(ulps.max()) if ulps.numel() else 0.0
     counted = int(finite.sum())
-    diff_fraction = float((diff > 0).sum() + mask_failures) / max(counted + mask_failures, 1)
+    differing = int((diff > 0).sum()) + mask_failures
+    diff_fraction = differing / max(counted + mask_failures, 1)
     max_abs = float(diff.max()) if diff.numel() else 0.0
     used = torch.where(bound > 0, diff / torch.where(bound > 0, bound, 1.0), torch.where(diff > 0, float("inf"), 0.0))
     bound_used = float(used.max()) if used.numel() else 0.0
@@ -195,10 +217,13 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
         "ulps_headroom": (max_ulps / policy.ulps) if policy.ulps and not mask_failures else None,
         "rel_l2_headroom": (rel_l2 / policy.rel_l2) if policy.rel_l2 and not mask_failures else None,
     }
+    if term_flips:
+        metrics["boundary_flips"] = term_flips
     ok = (mask_failures == 0 and over_count == 0 and rel_l2 <= policy.rel_l2
-          and diff_fraction <= policy.max_diff_fraction)
+          and differing_allowed(differing, counted + mask_failures, policy))
     if ok:
-        return OutputVerdict(name, True, metrics=metrics)
+        return OutputVerdict(name, True, _term_flips_note(name, expected, actual, diff, own, term_flips, policy, context),
+                             metrics)
     metrics["ulps_histogram"] = ulps_histogram(ulps[finite])
     header = [f"output '{name}': not close ({policy.describe()})"]
     if over_count:
@@ -213,10 +238,37 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     over_finite = f" over the {counted} element(s) finite on both sides" if mask_failures else ""
     header.append(f"  max {max_ulps:.3g} ulp, max |diff| {max_abs:.3g}, rel L2 {rel_l2:.3g} (allowed {policy.rel_l2:g})"
                   f"{over_finite}; {100 * diff_fraction:.3g}% of elements differ (allowed "
-                  f"{100 * policy.max_diff_fraction:.3g}%)")
+                  f"{100 * policy.max_diff_fraction:.3g}%{' of >= 256' if policy.max_diff_fraction < 1 else ''})")
     if over_count:
         header += _value_table(expected, actual, over)
     return OutputVerdict(name, False, "\n".join(header + lines), metrics)
+
+
+# `max_diff_fraction` is a share of at least this many elements: in a small output (one decode
+# step's row) a few flips are a large share, while the bug the share exists to catch (a cast moved
+# after a norm: 17-36% of elements) still differs in more than 2% of 256.
+FRACTION_BASE = 256
+
+
+def differing_allowed(differing: int, numel: int, policy: Policy) -> bool:
+    """Whether `differing` elements of `numel` are within the policy's `max_diff_fraction`."""
+    if policy.max_diff_fraction >= 1.0:
+        return True
+    return differing <= policy.max_diff_fraction * max(numel, FRACTION_BASE)
+
+
+def _term_flips_note(name: str, expected: torch.Tensor, actual: torch.Tensor, diff: torch.Tensor, own: Any,
+                     flips: int, policy: Policy, context: dict[str, torch.Tensor]) -> str:
+    """What a passing output's term flips were: how many, and the largest one with its term."""
+    if not flips:
+        return ""
+    beyond = diff - own
+    worst = tuple(int(i) for i in torch.unravel_index(torch.argmax(beyond), beyond.shape)) if beyond.dim() else ()
+    term = float(context[policy.terms].double()[worst].abs())
+    return (f"output '{name}': {flips} element(s) differ by more than {policy.ulps:g} ulp only by one "
+            f"bf16-rounded term rounding the other way (accepted by policy: {policy.term_ulps:g} bf16 ulp of "
+            f"{policy.terms}); largest at {list(worst)}: actual {_fmt(actual[worst])}, expected "
+            f"{_fmt(expected[worst])}, largest term {term:.6g}")
 
 
 # Upper edges of the error histogram of a failing output, in ulps: 0, 1/2, 1, 2, 4, ... 2^20, more.

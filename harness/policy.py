@@ -11,8 +11,12 @@ Kinds:
   values must match exactly; then every element within `ulps` units in the last place of the
   expected value in that format, plus `atol`, plus `atol_rel` times the largest |expected|, plus
   (for transcendental outputs) `argument_ulps` fp32 ulps of the function's argument stored as
-  `aux.<argument>`; then the global relative L2 error within `rel_l2`; and at most
-  `max_diff_fraction` of the elements may differ at all. All must hold. The kind follows the
+  `aux.<argument>`, plus (for sums of bf16-rounded terms) `term_ulps` bf16 ulps of the largest
+  term, stored as `aux.<terms>` (elements that need it are counted as boundary flips: one term
+  rounded the other way); then the global relative L2 error within `rel_l2` (of the error beyond
+  the argument allowance, where there is one); and at most
+  `max_diff_fraction` of the elements (counted over no fewer than 256, so one small step's few
+  flips are not a large share) may differ at all. All must hold. The kind follows the
   output's dtype: an fp32 output of a component declared `bf16` is judged as `f32`.
 - `quantised`: a quantiser's output (dequantised values, codes, packed codes or scale bytes)
   computed from rounded arithmetic. Exact, except that an element one representable step away is
@@ -34,7 +38,7 @@ from .errors import UsageError
 
 KINDS = ("exact", "bf16", "f32", "quantised", "index")
 FLAGS = ("accept_ties", "accept_near_ties", "accept_boundary")  # booleans
-TUNABLE = ("ulps", "atol", "atol_rel", "rel_l2", "max_diff_fraction", "argument_ulps", "boundary_ulps",
+TUNABLE = ("ulps", "atol", "atol_rel", "rel_l2", "max_diff_fraction", "argument_ulps", "term_ulps", "boundary_ulps",
            "boundary_atol_rel", "near_tie_ulps") + FLAGS
 FLOAT_KINDS = {"bf16": "bf16", "f32": "f32"}  # tolerance kinds, by the output dtype they judge
 
@@ -50,6 +54,8 @@ class Policy:
     sentinels: tuple[float, ...] = ()
     argument: str | None = None  # aux tensor: the argument of a transcendental output (cos/sin)
     argument_ulps: float = 0.0  # allowance: this many fp32 ulps of the argument (|f'| <= 1)
+    terms: str | None = None  # aux tensor: per element, the largest bf16-rounded term summed into it
+    term_ulps: float = 0.0  # allowance: this many bf16 ulps of that term (an intermediate rounding flip)
     # quantised kind only
     quant: str | None = None  # block format: fp8_ue8m0 | fp4_e4m3 | fp4_e8m0 (harness/boundary.py)
     encoding: str = "values"  # values | codes | packed | scale_bytes
@@ -125,7 +131,8 @@ class Policy:
             floor = f" + {self.atol:g}" if self.atol else ""
             floor += f" + {self.atol_rel:g}*max|e|" if self.atol_rel else ""
             floor += f" + {self.argument_ulps:g} ulp of {self.argument}" if self.argument_ulps and self.argument else ""
-            share = f", <= {self.max_diff_fraction:g} of elements differ" if self.max_diff_fraction < 1.0 else ""
+            floor += f" + {self.term_ulps:g} bf16 ulp of {self.terms}" if self.term_ulps and self.terms else ""
+            share = f", <= {self.max_diff_fraction:g} of elements (of >= 256) differ" if self.max_diff_fraction < 1.0 else ""
             return f"{self.kind}: |a-e| <= {self.ulps:g} ulp{floor}, rel L2 <= {self.rel_l2:g}{share}"
         if self.kind == "index":
             accepted = [label for flag, label in ((self.accept_ties, "tie order"),

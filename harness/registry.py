@@ -115,6 +115,7 @@ class OutputSpec:
     fill_is_worst: bool = False  # index kind: -1 lanes are picks of the worst score
     sentinels: tuple[float, ...] = ()
     argument: str | None = None  # bf16/f32: aux tensor of a transcendental output's argument
+    terms: str | None = None  # bf16/f32: aux tensor of the largest bf16-rounded term summed per element
     quant: str | None = None  # quantised kind: block format (harness/boundary.py FORMATS)
     encoding: str = "values"  # quantised kind: values | codes | packed | scale_bytes
     pre: str | None = None  # quantised kind: the reference's values before quantisation
@@ -131,6 +132,7 @@ class OutputSpec:
             fill_is_worst=self.fill_is_worst,
             sentinels=self.sentinels,
             argument=self.argument,
+            terms=self.terms,
             quant=self.quant,
             encoding=self.encoding,
             pre=self.pre,

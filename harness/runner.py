@@ -218,7 +218,8 @@ def _rederived(component: Component, golden: Golden, actual: dict, params: dict,
     if found is None:
         return golden, None
     result.boundary_flips += found.flips
-    result.boundary_example = result.boundary_example or found.example
+    if found.flips:
+        result.boundary_example = result.boundary_example or found.example
     outputs, aux = {**golden.outputs, **found.outputs}, {**golden.aux, **found.aux}
     return dataclasses.replace(golden, outputs=outputs, aux=aux), found
 

@@ -126,3 +126,56 @@ def test_empty_index_rows_compare_equal_and_count_their_rows():
     assert verdict.ok and verdict.metrics["rows"] == 6
     wrong = compare_output("ids", empty, torch.zeros(2, 3, 1, dtype=torch.int32), Policy(kind="index"), {}, {})
     assert not wrong.ok and "shape" in wrong.message
+
+
+def test_term_allowance_accepts_one_term_rounding_the_other_way_and_counts_it():
+    # A score of 0.5 whose largest head term is 64: one bf16 flip of that term (0.5) moves it to 1.0.
+    policy = Policy("bf16", ulps=1, rel_l2=1.0, terms="term_scale", term_ulps=2)
+    expected = torch.tensor([0.5, 8.0, 8.0], dtype=torch.bfloat16)
+    context = {"term_scale": torch.tensor([64.0, 1.0, 1.0])}
+    flipped = torch.tensor([1.0, 8.0, 8.0], dtype=torch.bfloat16)
+    verdict = compare_output("scores", expected, flipped, policy, context)
+    assert verdict.ok and verdict.metrics["boundary_flips"] == 1
+    assert "1 element(s)" in verdict.message and "largest term 64" in verdict.message
+    # Two flips' worth of a small term, or a jump well past one flip of a large one, still fail.
+    assert not compare_output("scores", expected, torch.tensor([0.5, 8.125, 8.0], dtype=torch.bfloat16), policy,
+                              context).ok
+    assert not compare_output("scores", expected, torch.tensor([2.0, 8.0, 8.0], dtype=torch.bfloat16), policy,
+                              context).ok
+    # Without the aux tensor the golden is stale: say so.
+    try:
+        compare_output("scores", expected, flipped, policy, {})
+    except KeyError as exc:
+        assert "conformance generate" in str(exc)
+    else:
+        raise AssertionError("a missing aux tensor must be an error")
+
+
+def test_the_share_of_differing_elements_is_counted_over_at_least_256():
+    policy = Policy("bf16", ulps=1, rel_l2=1.0, max_diff_fraction=0.02)
+    expected = torch.ones(128, dtype=torch.bfloat16)
+    four = expected.clone()
+    four[:4] = 1.0078125  # one ulp: 3% of 128, but 4 <= 2% of 256
+    assert compare_output("rows", expected, four, policy).ok
+    six = expected.clone()
+    six[:6] = 1.0078125
+    verdict = compare_output("rows", expected, six, policy)
+    assert not verdict.ok and "of >= 256" in verdict.message
+    large = torch.ones(1024, dtype=torch.bfloat16)
+    many = large.clone()
+    many[:21] = 1.0078125  # 2.05% of 1024
+    assert not compare_output("rows", large, many, policy).ok
+
+
+def test_rel_l2_of_an_argument_allowance_judges_only_the_unexplained_error():
+    # cos at angles near 2^20, where one fp32 ulp of the angle is 0.0625 rad.
+    angle = torch.full((64,), 2.0 ** 20) + torch.arange(64) * 0.0625
+    expected = torch.cos(angle.double()).float()
+    shifted = torch.cos(angle.double() + 0.0625).float()  # the angle one ulp over: correct arithmetic
+    policy = Policy("f32", ulps=2, rel_l2=2 ** -7, argument="angle", argument_ulps=4)
+    context = {"angle": angle}
+    assert compare_output("table", expected, shifted, policy, context).ok
+    scaled = expected * (1 + 2 ** -6)  # inside the allowance element-wise wherever cos is small ...
+    wrong = torch.cos(angle.double() + 1.0).float()  # ... but a radian off is not
+    assert not compare_output("table", expected, wrong, policy, context).ok
+    assert compare_output("table", expected, scaled, policy, context).ok  # 2^-6 < 4 * 0.0625: unexplainable apart

@@ -334,3 +334,23 @@ def test_decode_addresses_with_b_instead_of_b_over_r(tmp_path):
 @pytest.mark.parametrize("component", OURS)
 def test_each_component_has_cases_at_its_floor(component):
     assert len(golden_ids(component)) >= get(component).floor
+
+
+# indexer.scores bugs that the term allowance (bf16 ulps of the largest head term) must not absorb,
+# with a case each must fail and the text the message shows.
+SCORE_BUGS = {
+    "Bf16HeadSum": "indexer.scores/production-heads-b1-s2-h32-d128-t64",
+    "ScoresWithoutRelu": "indexer.scores/relu-zeros-b2-s4-h1-d64-t32",
+    "ScoresDropLastHead": "indexer.scores/lab27-two-heads",
+    "ScoresUnroundedDots": "indexer.scores/production-heads-b1-s2-h32-d128-t64",
+}
+
+
+@pytest.mark.parametrize("impl", sorted(SCORE_BUGS))
+def test_wrong_index_scores_fail_despite_the_term_allowance(tmp_path, impl):
+    code, doc = _run(tmp_path, f"{WRONG}:{impl}", ["indexer.scores/*"])
+    cases = _by_id(doc)
+    assert code == 1 and doc["components"]["indexer.scores"]["verdict"] == "fail"
+    failing = cases[SCORE_BUGS[impl]]
+    assert failing["status"] == "fail" and "output 'scores': not close" in failing["message"]
+    assert "bf16 ulp of term_scale" in failing["message"]

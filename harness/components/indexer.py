@@ -163,6 +163,11 @@ def _scores_inputs(params, build, gen):
     return {"q": q, "k": k, "w": w}
 
 
+def _scores_with_terms(inputs, params):
+    scores, largest = ix.index_scores_with_terms(inputs["q"], inputs["k"], inputs["w"])
+    return {"scores": scores}, {"term_scale": largest}
+
+
 register(Component(
     name="indexer.scores",
     summary="bf16 index scores: sum over heads of bf16(relu(bf16(q_h . k)) * w_h), fp32 sums",
@@ -170,10 +175,12 @@ register(Component(
     inputs=(T("q", "bf16", "b S H D", "post-RoPE, fp4-QDQ'd queries"), T("k", "bf16", "b T D", "index keys"),
             T("w", "bf16", "b S H", "head weights")),
     outputs=(OutputSpec("scores", "bf16", "einsum rounded to bf16, ReLU, product rounded, head sum rounded; zeros "
-                        "are +0", "bf16", "b S T"),),
+                        "are +0; judged within 1 ulp plus an allowance in bf16 ulps of the largest head term "
+                        "(aux.term_scale)", "bf16", "b S T", terms="term_scale"),),
     dims=INDEX_DIMS,
     build=_scores_inputs,
     reference=lambda inputs, params: {"scores": ix.index_scores(inputs["q"], inputs["k"], inputs["w"])},
+    reference_with_aux=_scores_with_terms,
     floor=3,
 ))
 

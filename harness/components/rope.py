@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..reference import rope as rp
-from ..registry import Component, OutputSpec, register
+from ..registry import Component, OutputSpec, Rederived, register
 from ..registry import ParamSpec as P
 from ..registry import TensorSpec as T
 from .build import need, normal
@@ -47,6 +47,32 @@ def _table_aux(inputs, params, outputs):
     return {"angle": torch.outer(inputs["positions"], outputs["inv_freq"]).unsqueeze(-1).contiguous()}
 
 
+# An implementation's inv_freq within this relative distance of the golden's is a rounding of the
+# same frequencies (conformance.yaml allows 24 fp32 ulps, about 2^-18); anything further is a
+# wrong base, ramp or factor, and its table is judged against the golden's.
+NEAR_INV_FREQ = 2.0 ** -14
+
+
+def _table_rederive(inputs, expected, aux, actual, params, boundary) -> Rederived | None:
+    """The table as the reference computes it from the implementation's own inv_freq, when that
+    differs from the golden's by a rounding (`NEAR_INV_FREQ`): inv_freq is judged on its own, and
+    the table then on what those frequencies give, so an inv_freq a few ulps off does not fail
+    every row at large positions (one fp32 ulp of inv_freq is p of them in the angle)."""
+    inv = actual.get("inv_freq")
+    golden = expected["inv_freq"]
+    if (not isinstance(inv, torch.Tensor) or inv.dtype != golden.dtype or inv.shape != golden.shape
+            or inv.device.type != "cpu" or not bool(torch.isfinite(inv).all()) or torch.equal(inv, golden)):
+        return None
+    if bool(((inv.double() - golden.double()).abs() > NEAR_INV_FREQ * golden.double().abs()).any()):
+        return None  # a wrong inv_freq: the table is judged against the golden's, and fails too
+    positions = inputs["positions"]
+    differ = int((inv != golden).sum())
+    return Rederived(outputs={"table": rp.table_rows(inv, positions)},
+                     aux=_table_aux(inputs, params, {"inv_freq": inv}), flips=0,
+                     example=f"the implementation's own inv_freq ({differ} of {inv.numel()} frequencies differ "
+                             "from the golden's; inv_freq itself is judged against the golden)")
+
+
 register(Component(
     name="rope.yarn_table",
     summary="YaRN inverse frequencies and the (cos, sin) rows at given positions",
@@ -65,6 +91,7 @@ register(Component(
     build=_table_inputs,
     reference=_table_reference,
     aux=_table_aux,
+    rederive=_table_rederive,
     floor=3,
     notes="Transcendental outputs: no two libms agree to the last bit (cosf, sincosf, Sleef, numpy), so both "
           "are compared in fp32 ulps (conformance.yaml). Components that take a table as input get it exactly.",

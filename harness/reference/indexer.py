@@ -123,6 +123,21 @@ def index_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Ten
 
     Example: two heads q = (1, 0), (0, 1), w = (1, 2), key (0, 3) -> 0 + 3 * 2 = 6.
     """
+    _check_score_operands(q, k, w)
+    return _scores_and_terms(q, k, w)[0]
+
+
+def index_scores_with_terms(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`index_scores` and, per score, the scale of its largest head term (fp32 [b, S, T]):
+    max_h |w_h| * max(relu(s_h), 2^-8 * sum_d |q_hd k_d|). A correct implementation whose dot
+    product sums in another order may round s_h one step the other way, or (for a dot near zero by
+    cancellation) land a few fp32 ulps of sum_d |q_hd k_d| away; either moves the score by a few
+    bf16 ulps of this scale (the `terms` allowance of conformance.yaml, docs/verdicts.md)."""
+    _check_score_operands(q, k, w)
+    return _scores_and_terms(q, k, w)
+
+
+def _check_score_operands(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> None:
     if q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16 or w.dtype != torch.bfloat16:
         raise ValueError(f"index_scores takes bf16 q, k, w; got {q.dtype}, {k.dtype}, {w.dtype}")
     if q.ndim != 4 or k.ndim != 3 or w.ndim != 3:
@@ -131,13 +146,18 @@ def index_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Ten
             f"k {tuple(k.shape)}, w {tuple(w.shape)}"
         )
     b, S, H, D = q.shape
-    T = k.shape[1]
     if k.shape[0] != b or k.shape[2] != D or tuple(w.shape) != (b, S, H):
         raise ValueError(
             f"index_scores shape mismatch: q {tuple(q.shape)} needs k [{b}, T, {D}] and w "
             f"[{b}, {S}, {H}]; got k {tuple(k.shape)}, w {tuple(w.shape)}"
         )
+
+
+def _scores_and_terms(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    b, S, H, D = q.shape
+    T = k.shape[1]
     out = torch.empty((b, S, T), dtype=torch.bfloat16)
+    largest = torch.empty((b, S, T), dtype=torch.float32)
     k64 = k.double()  # [b, T, D]
     rows = max(1, _ROW_BLOCK_ELEMS // max(1, b * H * max(T, D)))
     for s0 in range(0, S, rows):
@@ -147,7 +167,15 @@ def index_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Ten
         p = (s.float() * w[:, s0 : s0 + rows, :, None].float()).to(torch.bfloat16)  # exact product, one rounding
         total = p.double().sum(dim=2)  # [b, s, T], exact
         out[:, s0 : s0 + rows] = total.float().to(torch.bfloat16) + 0.0  # +0.0 turns -0 into +0
-    return out
+        if H:
+            # What a correct dot product may differ by: one rounding step of s_h, or (for a dot
+            # near zero by cancellation) its fp32 sum's error, a small fraction of sum_d |q k|.
+            magnitude = torch.einsum("bshd,btd->bsht", q64.abs(), k64.abs())
+            scale = torch.maximum(s.double(), magnitude * 2.0 ** -8) * w[:, s0 : s0 + rows, :, None].double().abs()
+            largest[:, s0 : s0 + rows] = scale.amax(dim=2).float()
+        else:
+            largest[:, s0 : s0 + rows] = 0.0
+    return out, largest
 
 
 def indexer_query(qr: torch.Tensor, wq_b: torch.Tensor | Fp8Weight, heads: int, freqs: torch.Tensor, rope_dim: int) -> torch.Tensor:

@@ -114,7 +114,61 @@ class Float64Indexer(ReferenceAdapter):
         return super().run(component, inputs, params)
 
 
+def _scores(inputs, rounded_dots: bool = True, relu: bool = True, heads: slice = slice(None), bf16_head_sum: bool = False):
+    """indexer.scores with upstream's rounding points unless a flag says otherwise."""
+    q, k, w = inputs["q"].double()[:, :, heads], inputs["k"].double(), inputs["w"].double()[:, :, heads]
+    dots = torch.einsum("bshd,btd->bsht", q, k)
+    if rounded_dots:
+        dots = dots.float().to(torch.bfloat16).double()
+    if relu:
+        dots = dots.relu()
+    terms = (dots * w[..., None]).to(torch.bfloat16)
+    if bf16_head_sum:
+        total = torch.zeros_like(terms[:, :, 0])
+        for h in range(terms.shape[2]):
+            total = total + terms[:, :, h]  # bf16 + bf16 rounds at every head
+        return {"scores": total + 0.0}
+    return {"scores": terms.double().sum(dim=2).float().to(torch.bfloat16) + 0.0}
+
+
+class ScoresVariant(ReferenceAdapter):
+    """indexer.scores computed by `_scores` with `options` (other components: the reference)."""
+
+    options: dict = {}
+
+    def run(self, component, inputs, params):
+        if component == "indexer.scores":
+            return _scores(inputs, **self.options)
+        return super().run(component, inputs, params)
+
+
+class Bf16HeadSum(ScoresVariant):
+    """Sums the head terms in a bf16 running sum (rounded at every head) instead of fp32."""
+
+    options = {"bf16_head_sum": True}
+
+
+class ScoresWithoutRelu(ScoresVariant):
+    """Leaves out the ReLU: negative head dots pull the score down."""
+
+    options = {"relu": False}
+
+
+class ScoresDropLastHead(ScoresVariant):
+    """Sums every head but the last."""
+
+    options = {"heads": slice(0, -1)}
+
+
+class ScoresUnroundedDots(ScoresVariant):
+    """Keeps each head's dot product in fp32 (no bf16 rounding before the weight): a departure
+    from upstream's rounding points by half an ulp of each dot, which the term allowance absorbs."""
+
+    options = {"rounded_dots": False}
+
+
 __all__ = [
+    "Bf16HeadSum", "ScoresDropLastHead", "ScoresUnroundedDots", "ScoresWithoutRelu",
     "DecodeAddressWithB", "Float64Indexer", "LowestIndexTies", "PrefixOffByOne", "UnpinnedCandidates",
     "WholeBufferSelect", "lowest_index_topk",
 ]

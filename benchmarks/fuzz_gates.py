@@ -1,0 +1,97 @@
+"""The gates on fresh cases: do correct implementations that round differently pass what `fuzz` samples?
+
+`conformance fuzz` judges fresh cases with the tolerances calibrated on the frozen goldens. A
+tolerance that only holds on those shapes would make fuzz report a correct kernel as failing. This
+script samples cases from every component's space (as fuzz does, deterministic per seed), builds
+each golden in memory, runs the gate implementations of the test suite on it (upstream's own
+torch arithmetic and float64 with upstream's rounding points) and prints, per component and gate:
+cases judged, failures, the accepted differences they needed (boundary flips, tie and near-tie
+rows) and the worst `bound_used` per output (the worst element's |diff| over its bound: 1.0 is
+the edge). Failures are listed with the command that re-creates them.
+
+    python benchmarks/fuzz_gates.py [--cases 40] [--seed 0] [--select 'indexer.*']
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "impls")]
+
+from gate_float64 import Float64  # noqa: E402
+from gate_upstream import UpstreamTorch  # noqa: E402
+
+from harness.config import load_config  # noqa: E402
+from harness.differences import DIFFERENCES  # noqa: E402
+from harness.fuzz_sample import draw, selected_spaces  # noqa: E402
+from harness.generate import build_golden  # noqa: E402
+from harness.registry import get  # noqa: E402
+from harness.runner import CaseResult, judge_golden  # noqa: E402
+
+GATES = {"upstream": f"{ROOT}/tests/impls/gate_upstream.py:UpstreamTorch", "float64": f"{ROOT}/tests/impls/gate_float64.py:Float64"}
+MAKERS = {"upstream": UpstreamTorch, "float64": Float64}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", type=int, default=40, help="cases per component (default 40)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--select", action="append", default=[], help="component patterns (default: all)")
+    args = parser.parse_args()
+    config = load_config(ROOT / "conformance.yaml")
+    gates = {name: make() for name, make in MAKERS.items()}
+    tally: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    worst: dict[tuple[str, str, str], float] = defaultdict(float)
+    share: dict[tuple[str, str, str], float] = defaultdict(float)
+    failures: list[str] = []
+    started = time.perf_counter()
+    for name, space in selected_spaces(args.select).items():
+        component = get(name)
+        for index in range(args.cases):
+            case = draw(space, args.seed, index)
+            try:
+                golden = build_golden(case.spec, config)
+            except Exception:  # noqa: BLE001  (a draw the reference refuses is not judged, as in fuzz)
+                tally[(name, "-")]["refused"] += 1
+                continue
+            for gate_name, gate in gates.items():
+                result = CaseResult(case.spec.id, name, "error")
+                judge_golden(component, golden, gate, config, {}, result)
+                t = tally[(name, gate_name)]
+                t[result.status] += 1
+                for d in DIFFERENCES:
+                    t[d.column] += getattr(result, d.count)
+                for output, verdict in (result.outputs or {}).items():
+                    key = (name, gate_name, output.split(".", 1)[-1] if output[:1] == "s" and "." in output else output)
+                    if verdict.get("bound_used") is not None:
+                        worst[key] = max(worst[key], float(verdict["bound_used"]))
+                    if verdict.get("diff_fraction") is not None:
+                        share[key] = max(share[key], float(verdict["diff_fraction"]))
+                if result.status not in ("pass", "unsupported"):
+                    first = (result.message or "").splitlines()[:2]
+                    failures.append(f"{gate_name} {case.spec.id}: {result.status}: {' / '.join(first)}\n"
+                                    f"    conformance fuzz --impl {GATES[gate_name]} --seed {args.seed} "
+                                    f"--index {index} --select {name}")
+    elapsed = time.perf_counter() - started
+    print(f"{args.cases} fresh case(s) per component, seed {args.seed}, {elapsed:.0f} s")
+    print(f"{'component':20s} {'gate':9s} {'pass':>5s} {'fail':>5s} {'other':>5s} "
+          + " ".join(f"{d.column:>6s}" for d in DIFFERENCES) + "  worst bound_used (share of elements differing) per output")
+    for (name, gate_name), t in sorted(tally.items()):
+        if gate_name == "-":
+            continue
+        other = sum(v for k, v in t.items() if k not in ("pass", "fail") and k in ("error", "crash", "timeout", "unsupported"))
+        used = ", ".join(f"{o} {u:.2f} ({share[(c, g, o)]:.1%})" for (c, g, o), u in sorted(worst.items())
+                         if c == name and g == gate_name)
+        print(f"{name:20s} {gate_name:9s} {t['pass']:5d} {t['fail']:5d} {other:5d} "
+              + " ".join(f"{t[d.column]:6d}" for d in DIFFERENCES) + f"  {used}")
+    for failure in failures:
+        print(f"\nFAILED {failure}")
+
+
+if __name__ == "__main__":
+    main()
