@@ -219,7 +219,7 @@ class Component:
 
     def output_spec(self, name: str) -> OutputSpec:
         """The spec for `name`. Step outputs such as `s03.rows` or `s03.l2.ids` use the spec of
-        their last part; `{prefix}` in a spec's aux references (`scores`, `pre`, `argument`)
+        their last part; `{prefix}` in a spec's aux references (`scores`, `pre`, `argument`, `terms`)
         becomes the name's prefix (`s03.l2.`), so each step's output is judged against that
         step's aux tensors."""
         base = name.rsplit(".", 1)[-1]
@@ -233,7 +233,7 @@ class Component:
         return spec
 
 
-AUX_REFERENCES = ("scores", "pre", "argument")  # OutputSpec fields naming golden tensors; may hold {prefix}
+AUX_REFERENCES = ("scores", "pre", "argument", "terms")  # OutputSpec fields naming golden tensors; may hold {prefix}
 REGISTRY: dict[str, Component] = {}
 
 

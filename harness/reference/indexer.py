@@ -124,7 +124,7 @@ def index_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Ten
     Example: two heads q = (1, 0), (0, 1), w = (1, 2), key (0, 3) -> 0 + 3 * 2 = 6.
     """
     _check_score_operands(q, k, w)
-    return _scores_and_terms(q, k, w)[0]
+    return _scores_and_terms(q, k, w, with_terms=False)[0]
 
 
 def index_scores_with_terms(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,7 +134,7 @@ def index_scores_with_terms(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -
     cancellation) land a few fp32 ulps of sum_d |q_hd k_d| away; either moves the score by a few
     bf16 ulps of this scale (the `terms` allowance of conformance.yaml, docs/verdicts.md)."""
     _check_score_operands(q, k, w)
-    return _scores_and_terms(q, k, w)
+    return _scores_and_terms(q, k, w, with_terms=True)
 
 
 def _check_score_operands(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> None:
@@ -153,11 +153,14 @@ def _check_score_operands(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> 
         )
 
 
-def _scores_and_terms(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _scores_and_terms(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor,
+                      with_terms: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The scores, and their term scales only when asked (the indexer and attention references
+    score every chunk and need none)."""
     b, S, H, D = q.shape
     T = k.shape[1]
     out = torch.empty((b, S, T), dtype=torch.bfloat16)
-    largest = torch.empty((b, S, T), dtype=torch.float32)
+    largest = torch.empty((b, S, T), dtype=torch.float32) if with_terms else None
     k64 = k.double()  # [b, T, D]
     rows = max(1, _ROW_BLOCK_ELEMS // max(1, b * H * max(T, D)))
     for s0 in range(0, S, rows):
@@ -167,6 +170,8 @@ def _scores_and_terms(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> tupl
         p = (s.float() * w[:, s0 : s0 + rows, :, None].float()).to(torch.bfloat16)  # exact product, one rounding
         total = p.double().sum(dim=2)  # [b, s, T], exact
         out[:, s0 : s0 + rows] = total.float().to(torch.bfloat16) + 0.0  # +0.0 turns -0 into +0
+        if largest is None:
+            continue
         if H:
             # What a correct dot product may differ by: one rounding step of s_h, or (for a dot
             # near zero by cancellation) its fp32 sum's error, a small fraction of sum_d |q k|.
