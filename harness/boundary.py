@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from .reference import numerics as nx
-from .ulps import ulp_of
+from .ulps import rope_magnitude, ulp_of
 
 ENCODINGS = ("values", "codes", "packed", "scale_bytes")
 
@@ -107,12 +107,7 @@ def pre_tolerance(pre: torch.Tensor, ulps: float, tail: int = 0, atol_rel: float
     """float64 [..., D]: `ulps` bf16 ulps of |x| (in the last `tail` channels, RoPE pairs (2i, 2i+1),
     of the pair's norm, which a rotation preserves), plus `atol_rel` times the amax of the element's
     quantisation block: a GEMM output near zero moves with its inputs' rounding, not its own."""
-    magnitude = pre.double().abs()
-    if tail:
-        pairs = pre[..., pre.shape[-1] - tail:].double().unflatten(-1, (-1, 2))
-        norm = pairs.square().sum(-1, keepdim=True).sqrt().expand_as(pairs).flatten(-2)
-        magnitude = torch.cat([magnitude[..., : pre.shape[-1] - tail], norm], dim=-1)
-    tol = ulps * ulp_of(magnitude, torch.bfloat16)
+    tol = ulps * ulp_of(rope_magnitude(pre, tail), torch.bfloat16)
     if atol_rel:
         amax = pre.double().abs().unflatten(-1, (-1, block)).amax(-1, keepdim=True)
         tol = tol + atol_rel * amax.expand(*amax.shape[:-1], block).flatten(-2)

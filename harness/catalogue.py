@@ -1,7 +1,8 @@
 """The component catalogue: the contract an implementation must meet, generated from the registry.
 
 Per component: the inputs a call receives, what a call returns, the outputs compared (and how
-the harness derives those it does not receive), each with dtype and symbolic shape; every
+the harness derives those it does not receive), the intermediates a call may also return (each
+judged, and what follows it judged given it), each with dtype and symbolic shape; every
 parameter with its type, unit and meaning; whether the component is stepped and what a step is.
 `conformance list --components [--json | --markdown]` prints it; `docs/catalogue.md` is the
 Markdown form, kept equal to the registry by a test. Nothing here is written by hand twice.
@@ -53,6 +54,9 @@ def describe(component: Component, config: Config) -> dict[str, Any]:
         if o.name in component.derived:
             entry["derived"] = component.derived[o.name]
         compared.append(entry)
+    intermediates = [{**_tensor(o), "feeds": o.feeds,
+                      "policy": config.policy(component, o.name, dtype=_torch_dtype(o.dtype)).describe()}
+                     for o in component.intermediates]
     return {
         "summary": component.summary,
         "upstream": component.upstream,
@@ -61,6 +65,7 @@ def describe(component: Component, config: Config) -> dict[str, Any]:
         "inputs": [_tensor(t) for t in component.inputs],
         "returns": returned(component),
         "compared": compared,
+        "intermediates": intermediates,
         "params": [{"name": p.name, "type": p.type, "unit": p.unit, "doc": p.doc, "required": p.required,
                     "choices": list(p.choices), "set_by": "driver" if p.driver else "case",
                     "encoding": PARAM_ENCODING[p.type].replace("<name>", p.name)} for p in component.params],
@@ -100,6 +105,9 @@ def render_text(doc: dict[str, Any]) -> str:
         for t in c["compared"]:
             how = f"; derived: {t['derived']}" if t.get("derived") else ""
             lines.append(f"  compared {t['name']}: {t['dtype']} {_shape(t)}: {t.get('policy', t['kind'])}{how}")
+        for t in c.get("intermediates", ()):
+            lines.append(f"  may return {t['name']}: {t['dtype']} {_shape(t)}{_when(t)}  {t['doc']}; feeds "
+                         f"{t['feeds']}; {t['policy']}")
         for p in c["params"]:
             flag = "" if p["required"] else " (optional)"
             flag += " (set per call)" if p["set_by"] == "driver" else ""
@@ -135,6 +143,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
             how = f" Derived: {t['derived']}." if t.get("derived") else ""
             out.append(f"| compared | `{t['name']}` | {_cell(t['dtype'])} | `{_cell(_shape(t))}` | {_cell(t['doc'])}. "
                        f"{_cell(t.get('policy', t['kind']))}.{_cell(how)} |")
+        for t in c.get("intermediates", ()):
+            out.append(f"| may return | `{t['name']}` | {_cell(t['dtype'])} | `{_cell(_shape(t))}` | {_cell(t['doc'])}"
+                       f"{_when(t)}; feeds {_cell(t['feeds'])}. {_cell(t['policy'])}. |")
         if c["params"]:
             out += ["", "| param | type | unit | set by | meaning |", "|---|---|---|---|---|"]
             for p in c["params"]:

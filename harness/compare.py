@@ -21,9 +21,13 @@ from typing import Any
 import torch
 
 from .policy import Policy
-from .ulps import MANTISSA_BITS, ulp_of
+from .ulps import MANTISSA_BITS, rope_magnitude, ulp_of
 
 TABLE_ROWS = 8
+# Context suffix: `<pre>.own` is a bool mask of the elements whose value before quantisation is the
+# implementation's own (an intermediate it returned): the quantiser is exact there, no flip is
+# accepted (docs/verdicts.md, "The chain").
+OWN_PRE = ".own"
 # Differences a verdict may accept, each counted per output: metric key -> what it counts.
 ACCEPTED_METRICS = {"rows_tie": "rows that differ only in tie order",
                     "rows_near_tie": "rows that differ only among near-tied ids",
@@ -62,7 +66,7 @@ def compare_output(
         return OutputVerdict(name, True, metrics=zero)
     if policy.kind == "index":
         return _compare_index(name, expected, actual, policy, context or {}, params or {})
-    return _compare_tolerant(name, expected, actual, policy, context or {})
+    return _compare_tolerant(name, expected, actual, policy, context or {}, params or {})
 
 
 def _attribute_problem(expected: torch.Tensor, actual: Any) -> str:
@@ -154,7 +158,7 @@ def _term_allowance(expected: torch.Tensor, policy: Policy, context: dict[str, t
 
 
 def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, policy: Policy,
-                      context: dict[str, torch.Tensor]) -> OutputVerdict:
+                      context: dict[str, torch.Tensor], params: dict[str, Any] | None = None) -> OutputVerdict:
     fmt = torch.bfloat16 if policy.kind == "bf16" else expected.dtype
     if fmt not in MANTISSA_BITS:
         fmt = torch.float32
@@ -180,7 +184,8 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     for value in policy.sentinels:
         finite &= e != value
     diff = torch.where(finite, (a - e).abs(), torch.zeros_like(e))
-    ulp = ulp_of(e, fmt)
+    tail = int(_param(params, policy.pre_tail)) if policy.pre_tail and params is not None else 0
+    ulp = ulp_of(rope_magnitude(torch.where(finite, e, torch.zeros_like(e)), tail), fmt) if tail else ulp_of(e, fmt)
     ulps = torch.where(finite, diff / ulp, torch.zeros_like(e))
     scale = float(torch.where(finite, e.abs(), torch.zeros_like(e)).max()) if e.numel() else 0.0
     argument_allowance = _argument_allowance(expected, policy, context)
@@ -217,10 +222,10 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
         "ulps_headroom": (max_ulps / policy.ulps) if policy.ulps and not mask_failures else None,
         "rel_l2_headroom": (rel_l2 / policy.rel_l2) if policy.rel_l2 and not mask_failures else None,
     }
-    if term_flips:
-        metrics["boundary_flips"] = term_flips
     ok = (mask_failures == 0 and over_count == 0 and rel_l2 <= policy.rel_l2
           and differing_allowed(differing, counted + mask_failures, policy))
+    if term_flips and ok:  # an accepted difference only where the output passes
+        metrics["boundary_flips"] = term_flips
     if ok:
         return OutputVerdict(name, True, _term_flips_note(name, expected, actual, diff, own, term_flips, policy, context),
                              metrics)
@@ -384,6 +389,9 @@ def _compare_quantised(
     tail = int(_param(params, policy.pre_tail)) if policy.pre_tail else 0
     fmt = FORMATS[policy.quant]
     tol = pre_tolerance(pre, policy.boundary_ulps, tail, policy.boundary_atol_rel, fmt.block)
+    own = context.get(policy.pre + OWN_PRE)
+    if own is not None:
+        tol = torch.where(own.expand_as(tol), torch.zeros_like(tol), tol)
     verdict = classify_quantised(expected, actual, pre, tol, fmt, policy.encoding)
     metrics = {"numel": verdict.numel, "mismatched": verdict.mismatched, "boundary_flips": verdict.flips,
                "scale_flips": verdict.scale_flips}
@@ -392,6 +400,9 @@ def _compare_quantised(
     head = f"output '{name}': {verdict.differ} of {verdict.numel} element(s) differ"
     if verdict.mismatched:
         head += f"; {verdict.mismatched} not explained by a rounding boundary ({policy.describe()})"
+        if own is not None and bool(own.any()):
+            head += ("; where the value before quantisation is your own returned intermediate, the quantiser is "
+                     "exact: any difference there is the quantiser's")
     elif refused:
         head += " only at rounding boundaries (not accepted: strict_boundaries)"
     else:

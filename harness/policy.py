@@ -60,7 +60,8 @@ class Policy:
     quant: str | None = None  # block format: fp8_ue8m0 | fp4_e4m3 | fp4_e8m0 (harness/boundary.py)
     encoding: str = "values"  # values | codes | packed | scale_bytes
     pre: str | None = None  # tensor of the reference's values before quantisation ("out.x" or aux)
-    pre_tail: str | None = None  # params path of the RoPE tail width (pairs judged by their norm)
+    pre_tail: str | None = None  # params path of the RoPE tail width: there an element's ulps (and, quantised,
+    # the tolerance of its value before rounding) are of its RoPE pair's norm
     boundary_ulps: float = 0.0  # tolerance of `pre`, in bf16 ulps of its magnitude
     boundary_atol_rel: float = 0.0  # ... plus this fraction of its quantisation block's amax
     accept_boundary: bool = True
@@ -133,7 +134,8 @@ class Policy:
             floor += f" + {self.argument_ulps:g} ulp of {self.argument}" if self.argument_ulps and self.argument else ""
             floor += f" + {self.term_ulps:g} bf16 ulp of {self.terms}" if self.term_ulps and self.terms else ""
             share = f", <= {self.max_diff_fraction:g} of elements (of >= 256) differ" if self.max_diff_fraction < 1.0 else ""
-            return f"{self.kind}: |a-e| <= {self.ulps:g} ulp{floor}, rel L2 <= {self.rel_l2:g}{share}"
+            pairs = " (ulps of the RoPE pair's norm in the rotated channels)" if self.pre_tail else ""
+            return f"{self.kind}: |a-e| <= {self.ulps:g} ulp{pairs}{floor}, rel L2 <= {self.rel_l2:g}{share}"
         if self.kind == "index":
             accepted = [label for flag, label in ((self.accept_ties, "tie order"),
                                                   (self.accept_near_ties, "near ties")) if flag]

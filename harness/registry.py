@@ -119,7 +119,9 @@ class OutputSpec:
     quant: str | None = None  # quantised kind: block format (harness/boundary.py FORMATS)
     encoding: str = "values"  # quantised kind: values | codes | packed | scale_bytes
     pre: str | None = None  # quantised kind: the reference's values before quantisation
-    pre_tail: str | None = None  # quantised kind: params path of the RoPE tail width
+    pre_tail: str | None = None  # params path of the RoPE tail width (ulps of the pair's norm there)
+    when: str = ""  # present only under this condition ("an index source"); always when empty
+    feeds: str = ""  # intermediates: the decision this value is the input of (docs/verdicts.md, "The chain")
 
     def base_policy(self) -> Policy:
         return Policy(
@@ -159,6 +161,10 @@ class Rederived:
 
 # (inputs, expected outputs, aux, actual outputs, params, the boundary Policy) -> Rederived | None
 Rederive = Callable[[Tensors, Tensors, Tensors, Tensors, Params, Policy], Rederived | None]
+# A component whose outputs sit downstream of fp8/fp4 decisions judges them along its chain of
+# stages (harness/chain): (golden inputs, outputs and aux, the actual outputs and intermediates,
+# params, the judge, the boundary Policy) -> every verdict in chain order (chain.stages.ChainJudgement).
+Chain = Callable[..., Any]
 
 
 def single_call(call: Call, inputs: Tensors, params: Params) -> Tensors:
@@ -191,6 +197,11 @@ class Component:
     returns: tuple[TensorSpec, ...] | None = None
     derived: dict[str, str] = field(default_factory=dict)
     steps: str = ""  # stepped components: what one call is, and what it receives besides the inputs
+    # Optional returns at the decision points (the inputs of act_quant, fp4 round trips, top-k): an
+    # implementation may return any of them, each is judged with its own policy, and the outputs
+    # downstream are judged given them (docs/verdicts.md, "The chain"). Names are per call.
+    intermediates: tuple[OutputSpec, ...] = ()
+    chain: Chain | None = None
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -217,13 +228,18 @@ class Component:
             return self.expected_outputs(params)
         return tuple(o.name for o in self.outputs)
 
+    def intermediate_spec(self, name: str) -> OutputSpec | None:
+        """The intermediate a recorded name (`s03.l2.qr` or `index_q`) stands for, or None."""
+        base = name.rsplit(".", 1)[-1]
+        return next((s for s in self.intermediates if s.name == base), None)
+
     def output_spec(self, name: str) -> OutputSpec:
         """The spec for `name`. Step outputs such as `s03.rows` or `s03.l2.ids` use the spec of
         their last part; `{prefix}` in a spec's aux references (`scores`, `pre`, `argument`, `terms`)
         becomes the name's prefix (`s03.l2.`), so each step's output is judged against that
         step's aux tensors."""
         base = name.rsplit(".", 1)[-1]
-        spec = next((s for s in self.outputs if s.name in (name, base)), None)
+        spec = next((s for s in self.outputs + self.intermediates if s.name in (name, base)), None)
         if spec is None:
             raise KeyError(f"component {self.name} has no output {name!r}")
         prefix = name[: len(name) - len(base)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import traceback
+from collections import ChainMap
 from pathlib import Path
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -18,7 +19,8 @@ from typing import Any
 import torch
 
 from . import regenerated
-from .compare import compare_output
+from .chain.stages import StageVerdict
+from .compare import OutputVerdict, compare_output
 from .adapters.base import Unsupported
 from .adapters.subprocess_adapter import ImplementationError
 from .config import Config
@@ -27,6 +29,7 @@ from .errors import GoldenError, HarnessError
 from .golden import Golden, load_verified
 from .ids import split_case_id
 from .registry import Component, Rederived, components
+from .stepnames import step_of
 
 STATUSES = ("pass", "fail", "error", "crash", "timeout", "unsupported", "xfail", "xpass", "not_run")
 PASSING = ("pass", "xfail", "unsupported")
@@ -49,6 +52,7 @@ class CaseResult:
     boundary_flips: int = 0
     boundary_example: str = ""
     first_divergent_step: int | None = None
+    first_divergent_stage: str = ""  # along a chain: the first output or intermediate that fails
     expectation: str = ""
     repro: str = ""
     params: dict[str, Any] = field(default_factory=dict)
@@ -154,7 +158,7 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
            impl_conf: dict, result: CaseResult) -> None:
     expected_names = set(golden.outputs)
     missing = sorted(expected_names - set(actual))
-    extra = sorted(set(actual) - expected_names)
+    extra = sorted(n for n in set(actual) - expected_names if component.intermediate_spec(n) is None)
     if missing or extra:
         parts = []
         if missing:
@@ -166,29 +170,26 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
         return
     failures, attribute_errors = [], []
     first_step = None
-    golden, rederived = _rederived(component, golden, actual, params, config, impl_conf, result)
-    context = golden_context(golden)
-    for name in sorted(expected_names):
-        expected = golden.outputs[name]
-        policy = config.policy(component, name, impl_conf, dtype=expected.dtype)
-        verdict = compare_output(name, expected, actual[name], policy, context, params)
-        result.outputs[name] = {"ok": verdict.ok, "policy": policy.describe(), **verdict.metrics}
+    for stage in _verdicts(component, golden, actual, params, config, impl_conf, result):
+        name, verdict = stage.name, stage.verdict
+        policy = config.policy(component, name, impl_conf, dtype=_dtype_of(golden, name, actual))
+        result.outputs[name] = {"ok": verdict.ok, "policy": policy.describe(), **verdict.metrics, **_chain_fields(stage)}
         _count_differences(result, verdict)
         if verdict.ok:
-            if verdict.message:
-                result.outputs[name]["note"] = verdict.message[:NOTE_CHARS]
+            note = "\n".join(filter(None, (_rederived_note(stage), verdict.message)))
+            if note:
+                result.outputs[name]["note"] = note[:NOTE_CHARS]
             continue
+        message = verdict.message + _given_lines(stage)
         if not verdict.metrics:  # attribute problem: wrong dtype, shape or type
-            attribute_errors.append(verdict.message)
+            attribute_errors.append(message)
         else:
-            failures.append(verdict.message)
-        step = _step_of(name)
+            failures.append(message)
+        if component.chain is not None and not result.first_divergent_stage:
+            result.first_divergent_stage = name
+        step = step_of(name)
         if step is not None and (first_step is None or step < first_step):
             first_step = step
-    if rederived is not None:
-        for name in rederived.outputs:
-            note = result.outputs[name].get("note", "")
-            result.outputs[name]["note"] = f"judged against the reference recomputed with {rederived.example}\n{note}".strip()
     result.first_divergent_step = first_step
     result.metrics = summarise_metrics(result.outputs)
     if attribute_errors:
@@ -197,12 +198,87 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
     elif failures:
         result.status = "fail"
         head = f"first divergent step: {first_step}\n" if first_step is not None else ""
+        if result.first_divergent_stage:
+            head += f"first divergent stage: {result.first_divergent_stage}\n"
         result.message = head + "\n".join(failures)
     else:
         result.status = "pass"
         accepted = [f"{getattr(result, d.count)} {d.what}" for d in DIFFERENCES if getattr(result, d.count)]
         if accepted:
             result.message = "; ".join(accepted) + " (accepted by policy)"
+
+
+def _verdicts(component: Component, golden: Golden, actual: dict, params: dict, config: Config, impl_conf: dict,
+              result: CaseResult) -> list[StageVerdict]:
+    """Every output's verdict (and every returned intermediate's), in the order they are reported:
+    along the component's chain where it has one, else by name against the golden as stored (or
+    conditioned on the boundary flips its `rederive` hook finds)."""
+    if component.chain is not None:
+        context = golden_context(golden)
+
+        def judge(name: str, expected: torch.Tensor, value, extra: dict) -> OutputVerdict:
+            policy = config.policy(component, name, impl_conf, dtype=expected.dtype)
+            return compare_output(name, expected, value, policy, ChainMap(extra, context) if extra else context, params)
+
+        chain = component.chain(golden.inputs, golden.outputs, golden.aux, actual, params, judge,
+                                config.boundary_policy(component, impl_conf))
+        result.boundary_flips += chain.flips
+        result.boundary_example = result.boundary_example or chain.flip_example
+        return chain.verdicts
+    golden, rederived = _rederived(component, golden, actual, params, config, impl_conf, result)
+    context = golden_context(golden)
+    out = []
+    for name in sorted(golden.outputs):
+        expected = golden.outputs[name]
+        policy = config.policy(component, name, impl_conf, dtype=expected.dtype)
+        verdict = compare_output(name, expected, actual[name], policy, context, params)
+        if rederived is not None and name in rederived.outputs:
+            verdict.message = f"judged against the reference recomputed with {rederived.example}\n{verdict.message}".strip()
+        out.append(StageVerdict(name, verdict))
+    return out
+
+
+def _dtype_of(golden: Golden, name: str, actual: dict) -> torch.dtype | None:
+    value = golden.outputs.get(name, actual.get(name))
+    return value.dtype if isinstance(value, torch.Tensor) else None
+
+
+def _chain_fields(stage: StageVerdict) -> dict[str, Any]:
+    """What results.json records of where an output sits in its chain (nothing off a chain)."""
+    fields: dict[str, Any] = {}
+    if stage.intermediate:
+        fields["intermediate"] = True
+    if stage.given:
+        fields["given"] = list(stage.given)
+    if stage.assumed:
+        fields["assumed"] = list(stage.assumed)
+    if stage.rederived_rows:
+        fields["rederived_rows"] = stage.rederived_rows
+    if stage.hint:
+        fields["hint"] = stage.hint
+    return fields
+
+
+def _given_lines(stage: StageVerdict) -> str:
+    """A failing stage's chain: what it was judged given, and what to return to settle it."""
+    lines = []
+    if stage.given or stage.assumed:
+        parts = [f"your {', '.join(stage.given)}"] if stage.given else []
+        if stage.assumed:
+            parts.append(f"the reference's {', '.join(stage.assumed)} (you returned none that passed)")
+        lines.append(f"  judged given {'; '.join(parts)}"
+                     + (f"; {stage.rederived_rows} row(s) rederived" if stage.rederived_rows else ""))
+    if stage.hint:
+        lines.append(f"  to settle it: {stage.hint}")
+    return "".join("\n" + line for line in lines)
+
+
+def _rederived_note(stage: StageVerdict) -> str:
+    if not stage.rederived_rows:
+        return ""
+    given = f" given your {', '.join(stage.given)}" if stage.given else ""
+    return (f"output '{stage.name}': {stage.rederived_rows} row(s) differ from the golden; judged against the "
+            f"reference rederived{given}")
 
 
 def _rederived(component: Component, golden: Golden, actual: dict, params: dict, config: Config,
@@ -257,13 +333,6 @@ def summarise_metrics(outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         if values:
             summary[key] = sum(values)
     return summary
-
-
-def _step_of(name: str) -> int | None:
-    head = name.split(".", 1)[0]
-    if head.startswith("s") and head[1:].isdigit() and "." in name:
-        return int(head[1:])
-    return None
 
 
 def _exc_line(exc: BaseException) -> str:

@@ -21,3 +21,16 @@ def ulp_of(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     _, exp = torch.frexp(e)  # e = m * 2**exp with m in [0.5, 1)
     floor_log2 = torch.where(e == 0, float(MIN_EXPONENT[dtype]), exp.double() - 1).clamp(min=MIN_EXPONENT[dtype])
     return torch.pow(2.0, floor_log2 - MANTISSA_BITS[dtype])
+
+
+def rope_magnitude(value: torch.Tensor, tail: int) -> torch.Tensor:
+    """float64 |value|, except in the last `tail` channels (RoPE pairs (2i, 2i+1)), where each element
+    stands for its pair's norm: a rotation spreads one input's rounding over both outputs of its
+    pair, so an element's error scales with the pair, not with itself."""
+    magnitude = value.double().abs()
+    if not tail:
+        return magnitude
+    head = value.shape[-1] - tail
+    pairs = value[..., head:].double().unflatten(-1, (-1, 2))
+    norm = pairs.square().sum(-1, keepdim=True).sqrt().expand_as(pairs).flatten(-2)
+    return torch.cat([magnitude[..., :head], norm], dim=-1)

@@ -30,10 +30,12 @@ from ..registry import Component, OutputSpec, register
 from ..registry import ParamSpec as P
 from ..registry import TensorSpec as T
 from ..schedules import parse_schedule_name, schedule_name, validate_schedule
-from .attention_steps import (BASE_WEIGHTS, SLOTS, config_of, drive_layers, expected_outputs,
-                              is_upstream_schedule, window_part_length)
+from ..chain.attention import AttentionChain
+from ..chain.digest import digests
+from .attention_steps import (BASE_WEIGHTS, SLOTS, call_weights, config_of, drive_layers, expected_outputs,
+                              intermediate_names, is_upstream_schedule, window_part_length)
 from .build import normal
-from .steps import step_name
+from ..stepnames import step_name
 
 NAME = "attention"
 WEIGHT_MODES = ("bf16", "fp8")   # params.weights: ModelArgs.dtype of the case (upstream's default is fp8)
@@ -166,7 +168,17 @@ def _run_reference(inputs, params):
     for slot in SLOTS:
         if getattr(res.runtime, f"{slot}_from") == layer:
             out[f"rt.{slot}"] = getattr(res.runtime, slot)
+    out.update(_intermediates(res, role))
     return out, res
+
+
+def _intermediates(res, role: LayerRole) -> dict:
+    """The call's values at its decision points (INTERMEDIATES), as the reference computed them."""
+    d = res.dumps
+    found = {"qr": d["qr"], "kv": d["window_kv_pre"], "compress_pre": d.get("compress_pre"),
+             "index_k_pre": d.get("index_k_pre"), "index_q": d.get("index_q"),
+             "index_scores": d.get("visible_scores"), "o": d["o"], "z": d["z"]}
+    return {k: v for k, v in found.items() if k in intermediate_names(role) and v is not None}
 
 
 def _reference(inputs, params):
@@ -180,7 +192,8 @@ def _reference_with_aux(inputs, params):
       from, with `offset` leading -inf columns so the ids index them directly;
     - `sNN.window_pre` [L, b, n, hd]: the window rows the step wrote, before their fp8 QDQ;
     - `sNN.lK.compress_pre` / `sNN.lK.index_k_pre`: the cache rows it wrote, before their fp4 QDQ
-      (the boundary verdict of window_rows, compress_rows and index_k_rows).
+      (the boundary verdict of window_rows, compress_rows and index_k_rows);
+    - `sNN.lK.<intermediate>.digest`: the row digests of every other intermediate (harness/chain).
     """
     cfg = config_of(params)
     roles = layer_roles(cfg)
@@ -205,6 +218,10 @@ def _reference_with_aux(inputs, params):
         return out
 
     outputs = drive_layers(call, inputs, params)
+    for name in [n for n in outputs if n.rsplit(".", 1)[-1] in INTERMEDIATE_NAMES]:
+        value = outputs.pop(name)
+        if name.rsplit(".", 1)[-1] not in ("compress_pre", "index_k_pre"):  # those are aux in full already
+            aux[f"{name}.digest"] = digests(value, 2)
     for step, rows in window_pre.items():
         aux[step_name(step, "window_pre")] = torch.stack(rows).contiguous()
     for (i, layer), value in scores.items():
@@ -212,6 +229,13 @@ def _reference_with_aux(inputs, params):
             if r.ratio and r.index_source == layer:
                 aux[step_name(i, f"l{r.layer}.scores")] = value
     return outputs, aux
+
+
+def _chain(inputs, expected, aux, actual, params, judge, boundary):
+    """Every output and intermediate judged along the chain (harness/chain/attention.py)."""
+    cfg = config_of(params)
+    weights = {r.layer: _layer_weights(call_weights(inputs, r), r, cfg) for r in layer_roles(cfg)}
+    return AttentionChain(inputs["x"], weights, expected, aux, actual, params, judge).run()
 
 
 # --- registration ------------------------------------------------------------------------------
@@ -234,6 +258,27 @@ OUTPUTS = (
     OutputSpec("ring_pending", "f32", "the ratio-2 compressor ring's live slots", "f32", "b Pn 2 hd"),
     OutputSpec("published", "exact", "layer l published compress_kv, index_k, topk_idxs, candidates", "bool", "L 4"),
 )
+INTERMEDIATES = (
+    OutputSpec("qr", "bf16", "q_norm(wq_a(x)), the normed query latent", "bf16", "b S q_lora",
+               feeds="act_quant of wq_b's input and of the indexer's wq_b (fp8 checkpoint)"),
+    OutputSpec("kv", "bf16", "the window KV rows after RoPE, before their fp8 QDQ", "bf16", "b S hd",
+               pre_tail=ROPE_TAIL, feeds="the fp8 QDQ of the window rows"),
+    OutputSpec("compress_pre", "bf16", "the compressed rows written this step after RoPE, before their fp4 QDQ",
+               "bf16", "b G hd", when="a kv source", pre_tail=ROPE_TAIL, feeds="the fp4 e4m3 QDQ of the compressed rows"),
+    OutputSpec("index_k_pre", "bf16", "the index keys written this step after RoPE, before their fp4 QDQ", "bf16",
+               "b G D", when="a key-owning index source", pre_tail=ROPE_TAIL, feeds="the fp4 e8m0 QDQ of the index keys"),
+    OutputSpec("index_q", "bf16", "the index query after RoPE, before its fp4 round trip", "bf16", "b S H D",
+               when="an index source that sees compressed rows", pre_tail=ROPE_TAIL,
+               feeds="the fp4 e8m0 round trip of the index query"),
+    OutputSpec("index_scores", "bf16", "the index scores of the rows each query sees (-inf where it cannot), "
+               "before candidate masking", "bf16", "b S T", when="an index source that sees compressed rows",
+               feeds="the top-k and the candidate blocks", terms="{prefix}index_scores_terms"),
+    OutputSpec("o", "bf16", "sparse attention's output after the inverse RoPE (wo_a's input)", "bf16", "b S h hd",
+               pre_tail=ROPE_TAIL, feeds="wo_a (no decision: judged by sparse_attn's tolerance)"),
+    OutputSpec("z", "bf16", "the grouped wo_a output (wo_b's input)", "bf16", "b S g*o_lora",
+               feeds="act_quant of wo_b's input (fp8 checkpoint)"),
+)
+INTERMEDIATE_NAMES = tuple(o.name for o in INTERMEDIATES)
 WEIGHT = "bf16|uint8"   # bf16, or float8_e4m3fn codes with weights: fp8
 INPUTS = (
     T("x", "bf16", "L b Tn dim", "each layer's input rows for every position (a call gets x[layer, :, start:end])"),
@@ -302,6 +347,8 @@ register(Component(
     execute=drive_layers,
     reference_with_aux=_reference_with_aux,
     expected_outputs=expected_outputs,
+    intermediates=INTERMEDIATES,
+    chain=_chain,
     floor=4,
     notes="one implementation call per (step, layer), layers in order: inputs x [b, S, dim], the layer's weights "
           "(wq_a, q_norm, wq_b, wkv, kv_norm, wo_a, wo_b, attn_sink; comp.* / idx.* / wk, k_norm by role), its "

@@ -24,20 +24,19 @@ import torch
 from ..adapters.base import Unsupported
 from ..reference.compressor import completed_groups, pending_state
 from ..reference.config import AttnConfig, LayerRole, layer_roles
-from ..reference.runtime import init_layer_state
+from ..reference.attention import window_part_length
+from ..reference.runtime import SLOTS, init_layer_state
 from ..runner import StepError
 from ..schedules import max_step, validate_schedule
-from .steps import step_name
+from ..stepnames import step_name
 
-SLOTS = ("compress_kv", "index_k", "topk_idxs", "candidates")   # upstream shared_attn, M:1166-1180
 BASE_WEIGHTS = ("wq_a", "q_norm", "wq_b", "wkv", "kv_norm", "wo_a", "wo_b")
 STACKED = ("window_ids", "window_rows", "published")   # recorded once per step, stacked over layers
 
 
 def config_of(params: dict) -> AttnConfig:
-    """The AttnConfig a golden records in params.config (lists back to tuples)."""
-    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in params["config"].items()}
-    return AttnConfig(**fields)
+    """The AttnConfig a golden records in params.config."""
+    return AttnConfig.from_dict(params["config"])
 
 
 def role_dict(role: LayerRole) -> dict:
@@ -49,7 +48,7 @@ def is_upstream_schedule(schedule: list[tuple[int, int]]) -> bool:
     return all(end - start == 1 for start, end in schedule[1:])
 
 
-def _call_weights(inputs: dict, role: LayerRole) -> dict:
+def call_weights(inputs: dict, role: LayerRole) -> dict:
     """The weights one layer's call receives, under their plain names; an fp8 Linear's tile scales
     come with it as `<name>.scale` (uint8 e8m0 [ceil(N/32), K/32]; its weight is uint8 e4m3 codes)."""
     out = {name: inputs[name] for name in BASE_WEIGHTS}
@@ -95,6 +94,20 @@ def returned_names(role: LayerRole) -> tuple[str, ...]:
     return ("out", "window_ids", "compressed_ids", *extra, *state_names(role))
 
 
+def intermediate_names(role: LayerRole) -> tuple[str, ...]:
+    """What one call may also return: its values at the decision points (docs/verdicts.md, "The
+    chain"); each returned one is recorded per step and layer and judged, and what follows it is
+    judged given it."""
+    names = ["qr", "kv"]
+    if role.is_kv_source:
+        names.append("compress_pre")
+    if role.owns_k:
+        names.append("index_k_pre")
+    if role.is_index_source:
+        names += ["index_q", "index_scores"]
+    return (*names, "o", "z")
+
+
 def recorded_names(role: LayerRole) -> tuple[str, ...]:
     """What the harness records and compares per step for this layer (besides STACKED)."""
     names = ["out"]
@@ -109,14 +122,6 @@ def recorded_names(role: LayerRole) -> tuple[str, ...]:
     if role.owns_k:
         names.append("index_k_rows")
     return tuple(names)
-
-
-def window_part_length(start: int, S: int, win: int) -> int:
-    """Rows of the window part, i.e. the compressed ids' offset: S at prefill, win at decode, win+S
-    for a harness-defined chunk (reference/attention.py)."""
-    if start == 0:
-        return S
-    return win if S == 1 else win + S
 
 
 def _record(role: LayerRole, cfg: AttnConfig, start: int, end: int, given: dict, result: dict
@@ -143,6 +148,7 @@ def _record(role: LayerRole, cfg: AttnConfig, start: int, end: int, given: dict,
             rec["ring_pending"] = pending_state(result["comp_ring"], end, role.ratio)
     if role.owns_k:
         rec["index_k_rows"] = result["index_k"][:, rows]
+    rec.update({name: result[name] for name in intermediate_names(role) if name in result})
     tidy = lambda d: {k: v.detach().cpu().contiguous() for k, v in d.items()}  # noqa: E731
     return tidy(rec), tidy(shared)
 
@@ -179,7 +185,7 @@ def drive_layers(call, inputs: dict, params: dict) -> dict:
             layer = role.layer
             where = f"layer {layer} ({role.mode}, ratio {role.ratio}), [{start}, {end})"
             given = {k: v.clone() for k, v in states[layer].items()}
-            call_in = {"x": inputs["x"][layer, :, start:end].contiguous(), **_call_weights(inputs, role), **given,
+            call_in = {"x": inputs["x"][layer, :, start:end].contiguous(), **call_weights(inputs, role), **given,
                        **{f"rt.{k}": v.clone() for k, v in runtime.items()}}
             call_params = {**params, "step": i, "start": start, "end": end, "layer": layer, "role": role_dict(role)}
             try:
@@ -206,13 +212,14 @@ def _check_result(step: int, where: str, role: LayerRole, result) -> None:
     if not isinstance(result, dict):
         raise StepError(step, f"{where} returned {type(result).__name__}, expected a dict of tensors")
     required = returned_names(role)
-    allowed = set(required) | {f"rt.{s}" for s in publishable(role)}
+    allowed = set(required) | {f"rt.{s}" for s in publishable(role)} | set(intermediate_names(role))
     missing = [n for n in required if n not in result]
     extra = sorted(n for n in result if n not in allowed)
     if missing or extra:
         may = ", ".join(f"rt.{s}" for s in publishable(role)) or "no shared slot"
-        raise StepError(step, f"{where} returned {sorted(result)}; a {role.mode} layer returns {sorted(required)} "
-                              f"and may publish {may}" + (f"; unexpected {extra}" if extra else ""))
+        raise StepError(step, f"{where} returned {sorted(result)}; a {role.mode} layer returns {sorted(required)}, "
+                              f"may publish {may} and may return the intermediates "
+                              f"{', '.join(intermediate_names(role))}" + (f"; unexpected {extra}" if extra else ""))
     for name, value in result.items():
         if not isinstance(value, torch.Tensor):
             raise StepError(step, f"{where}: output {name!r} is a {type(value).__name__}, not a tensor")

@@ -26,16 +26,15 @@ from ..reference.fp8_linear import quantise_inputs, weight_input
 from ..reference import indexer as ix
 from ..reference import numerics as nx
 from ..reference import rope as rp
-from ..boundary import FORMATS, admissible_variants, pre_tolerance
-from ..registry import Component, OutputSpec, Rederived, register
+from ..chain.indexer import judge_indexer
+from ..registry import Component, OutputSpec, register
 from ..registry import ParamSpec as P
 from ..registry import TensorSpec as T
-from ..ulps import ulp_of
 from .build import need, normal
 from ..reference.numerics import randn
 
 NINF = float("-inf")
-LEAK_POLICIES = ("upstream", "drop")
+LEAK_POLICIES = ix.LEAK_POLICIES
 SCORE_KINDS = ("normal", "levels", "constant", "relu", "ninf_runs")
 
 SELECT_PARAMS = (
@@ -71,19 +70,6 @@ def _leak_policy(params: dict) -> str:
     if policy not in LEAK_POLICIES:
         raise CaseSpecError(f"candidate_leak must be one of {LEAK_POLICIES}, not {policy!r}")
     return policy
-
-
-def _drop_masked(ids: torch.Tensor, candidates: torch.Tensor, offset: int) -> torch.Tensor:
-    """`drop` policy: ids of non-candidate rows -> -1, then valid ids ascending, -1 tail.
-
-    ids int32 [b, S, k]; candidates bool [b, S, T].
-    """
-    valid = ids >= 0
-    rows = torch.where(valid, ids.long() - offset, 0)  # [b, S, k]
-    keep = valid & candidates.gather(-1, rows)
-    key = torch.where(keep, ids.long(), torch.iinfo(torch.int64).max)
-    ordered = key.sort(dim=-1).values
-    return torch.where(ordered == torch.iinfo(torch.int64).max, -1, ordered).to(ids.dtype)
 
 
 def _masked(scores: torch.Tensor, lens: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
@@ -238,14 +224,10 @@ def select_reference(inputs: dict, params: dict) -> dict:
 def select_from_scores(scores: torch.Tensor, candidates: torch.Tensor, params: dict, component: str
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, masked scores): visibility, candidate masking, top-k, ids + offset, leak policy (M:563-580)."""
-    lens = _lens(params, scores.shape[1], component)
-    offset = int(params.get("offset", 0))
-    selection = ix.select_topk(scores.masked_fill(~candidates, NINF), lens, _int(params, "index_topk", component),
-                               offset)  # applies the visible prefix itself
-    ids = selection.ids
-    if _leak_policy(params) == "drop":
-        ids = _drop_masked(ids, candidates, offset)
-    return ids, selection.masked_scores
+    selection = ix.select_with_leak(scores, candidates, _lens(params, scores.shape[1], component),
+                                    _int(params, "index_topk", component), int(params.get("offset", 0)),
+                                    _leak_policy(params))
+    return selection.ids, selection.masked_scores
 
 
 def _id_limit(lens: torch.Tensor, batch: int, params) -> torch.Tensor:
@@ -330,60 +312,27 @@ def forward_reference(inputs: dict, params: dict) -> dict:
         _int(params, "rope_dim", comp), _int(params, "index_topk", comp), int(params.get("offset", 0)),
         inputs["candidates"],
     )
-    return {"ids": select_from_scores(result.scores, inputs["candidates"], params, comp)[0], "scores": result.scores}
+    return {"ids": select_from_scores(result.scores, inputs["candidates"], params, comp)[0], "scores": result.scores,
+            "index_q": result.query}
 
 
 def _forward_aux(inputs, params, outputs):
-    """The selection's judges (masked scores, id limits) and the query before its fp4 QDQ with
-    the head weights, from which `_rederive` recomputes scores under a flipped query."""
+    """The selection's judges (masked scores, id limits), the query before its fp4 QDQ (the
+    intermediate `index_q`'s reference) with the head weights, and the scores' head-term scales."""
     lens = _lens(params, inputs["x"].shape[1], "indexer")
     start, heads = _int(params, "start", "indexer"), inputs["weights_proj"].shape[0]
     freqs = _table_by_position(inputs, start)[start:]
     q_pre = ix.indexer_query(inputs["qr"], weight_input(inputs, "wq_b"), heads, freqs, _int(params, "rope_dim", "indexer"))
     w = ix.head_weights(inputs["x"], inputs["weights_proj"], q_pre.shape[-1], heads)
+    keys = inputs["index_k_cache"][:, : outputs["scores"].shape[-1]]
+    _, terms = ix.index_scores_with_terms(nx.fp4_qdq_e8m0(q_pre, ix.FP4_BLOCK).y, keys, w)
     return {"masked_scores": _masked(outputs["scores"], lens, inputs["candidates"]),
-            "id_limit": _id_limit(lens, inputs["x"].shape[0], params), "q_pre": q_pre, "w": w}
+            "id_limit": _id_limit(lens, inputs["x"].shape[0], params), "q_pre": q_pre, "w": w, "term_scale": terms}
 
 
-def _rederive(inputs, expected, aux, actual, params, boundary) -> Rederived | None:
-    """Query rows whose scores differ beyond an ulp because one fp4 value of the query crossed a
-    rounding boundary (the query is not an output, so no boundary verdict sees it): find the flip
-    among the admissible ones that reproduces the implementation's row, and rederive the scores,
-    masked scores and ids with it. None when nothing needs it or a row has no such explanation."""
-    got, want = actual.get("scores"), expected["scores"]
-    if not isinstance(got, torch.Tensor) or got.dtype != want.dtype or got.shape != want.shape:
-        return None
-    within = lambda a, e: (a.double() - e.double()).abs() <= ulp_of(e, torch.bfloat16)  # noqa: E731 the scores' own bound
-    rows = (~within(got, want)).any(-1).nonzero().tolist()
-    if not rows:
-        return None
-    keys = inputs["index_k_cache"][:, : want.shape[-1]]
-    tail = _int(params, "rope_dim", "indexer")
-    scores, flips, example = want.clone(), 0, ""
-    for b, t in rows:
-        q_pre, w = aux["q_pre"][b, t], aux["w"][b : b + 1, t : t + 1]  # [H, D], [1, 1, H]
-        fmt = FORMATS["fp4_e8m0"]
-        q = nx.fp4_qdq_e8m0(q_pre, ix.FP4_BLOCK).y
-        for h in range(q.shape[0]):
-            tol = pre_tolerance(q_pre[h], boundary.boundary_ulps, tail, boundary.boundary_atol_rel, fmt.block)
-            variants = admissible_variants(q_pre[h], tol, fmt)
-            for what, row in variants:
-                trial = q.clone()
-                trial[h] = row
-                redone = ix.index_scores(trial[None, None], keys[b : b + 1], w)[0, 0]
-                if bool(within(got[b, t], redone).all()):
-                    scores[b, t], flips = redone, flips + 1
-                    example = example or (f"query row {[b, t]}, head {h}: {what} of the fp4 query (a value within "
-                                          f"{boundary.boundary_ulps:g} bf16 ulps of its rounding boundary); its "
-                                          "scores follow")
-                    break
-            else:
-                continue
-            break
-        else:
-            return None
-    ids, masked = select_from_scores(scores, inputs["candidates"], params, "indexer")
-    return Rederived({"scores": scores, "ids": ids}, {"masked_scores": masked}, flips, example)
+def _chain(inputs, expected, aux, actual, params, judge, boundary):
+    """index_q, scores given it, ids given the scores (harness/chain/indexer.py)."""
+    return judge_indexer(inputs, expected, aux, actual, params, judge, boundary)
 
 
 register(Component(
@@ -398,15 +347,20 @@ register(Component(
             T("candidates", "bool", "b S T", "level-one keep mask; all True for a non-consumer")),
     outputs=(
         IDS_SPEC,
-        OutputSpec("scores", "bf16", "index scores before any mask", "bf16", "b S T"),
+        OutputSpec("scores", "bf16", "index scores before any mask; judged as indexer.scores (1 ulp plus an allowance "
+                   "in bf16 ulps of the largest head term, aux.term_scale)", "bf16", "b S T", terms="term_scale"),
     ),
+    intermediates=(
+        OutputSpec("index_q", "bf16", "the query after RoPE, before its fp4 round trip", "bf16", "b S H D",
+                   pre_tail="rope_dim", feeds="the fp4 e8m0 round trip of the query"),
+    ),
+    chain=_chain,
     params=SELECT_PARAMS + (P("rope_dim", "int", "rotated trailing channels of the query"),
                             P("weights", "str", "the checkpoint dtype of wq_b", required=False, choices=("bf16", "fp8"))),
     dims=INDEX_DIMS,
     build=_forward_inputs,
     reference=forward_reference,
     aux=_forward_aux,
-    rederive=_rederive,
     floor=5,
     notes="params: start, ratio, rope_dim, index_topk, offset, candidate_leak, weights (bf16 | fp8: wq_b arrives as "
           "uint8 e4m3 codes with its e8m0 tile scales as wq_b.scale, and quantises qr with act_quant). "

@@ -21,13 +21,10 @@ import torch
 from ..adapters.base import Unsupported
 from ..registry import Call, Params, Tensors
 from ..runner import StepError
+from ..stepnames import step_name
 
 StepInputs = Callable[[Tensors, int, int, int], Tensors]  # (inputs, step, start, end) -> step inputs
 Derive = Callable[[Tensors, Tensors, Params], Tensors]  # (step inputs, step result, step params) -> recorded
-
-
-def step_name(step: int, name: str) -> str:
-    return f"s{step:02d}.{name}"
 
 
 def drive_steps(call: Call, inputs: Tensors, params: Params, step_inputs: StepInputs,

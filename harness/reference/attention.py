@@ -96,7 +96,9 @@ class AttnStepResult(NamedTuple):
     state / runtime: the layer's new state and the new shared runtime;
     sources: slot name -> layer whose data this layer read (for reports);
     dumps: named intermediates (qr, q, window_kv and window_kv_pre (before its fp8 QDQ), kv, attn,
-    o, index_scores, compress_pre / index_k_pre (rows before their fp4 QDQ), ...).
+    o (after the inverse RoPE), z (wo_a's output, wo_b's input), index_q (the index query before
+    its fp4 round trip), index_scores / visible_scores / masked_scores, compress_pre /
+    index_k_pre (rows before their fp4 QDQ), ...).
     """
 
     out: torch.Tensor
@@ -167,11 +169,29 @@ def rope_table(cfg: AttnConfig, ratio: int) -> torch.Tensor:
     return freqs_table(**rope_params(cfg, ratio))
 
 
+def window_part_length(start: int, S: int, win: int) -> int:
+    """Rows of a step's window part, i.e. the compressed ids' offset: S at prefill, win at decode,
+    win + S for a harness-defined chunk (`window_part`)."""
+    if start == 0:
+        return S
+    return win if S == 1 else win + S
+
+
 def _chunk_window_ids(start: int, S: int, win: int) -> torch.Tensor:
     """int32 [S, win] for the harness chunk layout (module docstring)."""
     pos = start + torch.arange(S).unsqueeze(1) - win + 1 + torch.arange(win)   # [S, win]
     ids = torch.where(pos < start, pos % win, win + pos - start)
     return torch.where(pos < 0, -1, ids).to(torch.int32)
+
+
+def step_window_ids(start: int, S: int, win: int) -> torch.Tensor:
+    """int32 [S, w]: the window lanes of a step's queries into its window part (module docstring):
+    prefill (start 0) the chunk's own rows, decode (S = 1) the ring, a chunk the ring then its rows."""
+    if start == 0:
+        return window_ids_prefill(S, win)
+    if S == 1:
+        return window_ids_decode(start, win)
+    return _chunk_window_ids(start, S, win)
 
 
 def window_part(ring: torch.Tensor, kv: torch.Tensor, start: int
@@ -186,11 +206,12 @@ def window_part(ring: torch.Tensor, kv: torch.Tensor, start: int
     for t in range(max(0, S - win), S):                    # per-token writes, later wins
         new_ring[:, (start + t) % win] = kv[:, t]
     if start == 0:
-        part, ids = kv, window_ids_prefill(S, win)
+        part = kv
     elif S == 1:
-        part, ids = new_ring, window_ids_decode(start, win)
+        part = new_ring
     else:
-        part, ids = torch.cat([ring, kv], dim=1), _chunk_window_ids(start, S, win)
+        part = torch.cat([ring, kv], dim=1)
+    ids = step_window_ids(start, S, win)
     return part, ids.unsqueeze(0).expand(b, -1, -1).contiguous(), new_ring
 
 
@@ -261,11 +282,21 @@ def attention_step(layer: int, cfg: AttnConfig, weights: LayerWeights, state: La
     attn = sparse_attn(q, kv_all, w.attn_sink, ids, cfg.softmax_scale)        # [b, S, h, hd]
     o = apply_rotary(attn, freqs, rd, inverse=True)
     wo_a = w.wo_a.view(cfg.o_groups, cfg.o_lora_rank, -1)                     # [g, r, h*hd/g]
-    z = einsum_f32("bsgd,grd->bsgr", o.reshape(b, S, cfg.o_groups, -1), wo_a).to(torch.bfloat16)  # [b, S, g, r]
-    out = project(z.flatten(2), w.wo_b)                                       # [b, S, dim]
-    dumps.update(kv=kv_all, attn=attn, o=o)
+    z = output_rank(o, w.wo_a, cfg)                                           # [b, S, g * r]
+    out = project(z, w.wo_b)                                                  # [b, S, dim]
+    dumps.update(kv=kv_all, attn=attn, o=o, z=z)
     new_state = LayerState(new_window, ckv_cache, ik_cache, ring, end)
     return AttnStepResult(out, ids, win_ids, comp_ids, cand, new_state, runtime, sources, dumps)
+
+
+def output_rank(o: torch.Tensor, wo_a: torch.Tensor, cfg: AttnConfig) -> torch.Tensor:
+    """The grouped wo_a projection (M:782-786): o bf16 [..., h, hd] -> z bf16 [..., g * o_lora], each
+    group's h*hd/g channels times its o_lora rows, fp32 accumulate, one rounding (wo_b's input)."""
+    lead = o.shape[:-2]
+    wo_a = wo_a.view(cfg.o_groups, cfg.o_lora_rank, -1)                       # [g, r, h*hd/g]
+    grouped = o.reshape(-1, cfg.o_groups, wo_a.shape[-1])                     # [n, g, h*hd/g]
+    z = einsum_f32("ngd,grd->ngr", grouped, wo_a).to(torch.bfloat16)          # [n, g, r]
+    return z.reshape(*lead, -1)
 
 
 def _compress(layer, role, cfg, w, state, runtime, x, start, table, policy, dumps):
@@ -305,7 +336,8 @@ def _select(layer, role, cfg, w, runtime, x, qr, start, table, offset, sources, 
         res = indexer_forward(x, qr, keys, start, role.ratio, w.indexer, table,
                               cfg.rope_head_dim, cfg.index_topk, offset, candidates=cand)
         ids = res.ids
-        dumps.update(index_scores=res.scores, masked_scores=res.masked_scores)
+        dumps.update(index_scores=res.scores, visible_scores=res.visible_scores, masked_scores=res.masked_scores,
+                     index_q=res.query)
         if role.is_candidate_source:
             cand = select_candidate_blocks(res.visible_scores, res.compress_lens,
                                            cfg.candidate_topk_blocks,

@@ -63,6 +63,11 @@ class AttnConfig:
     def __post_init__(self) -> None:
         _check_shapes(self)
 
+    @classmethod
+    def from_dict(cls, fields: dict) -> AttnConfig:
+        """The config from its fields as a golden's JSON metadata holds them (lists back to tuples)."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
     @property
     def n_total_layers(self) -> int:
         """Backbone plus MTP layers (= len(compress_ratios))."""

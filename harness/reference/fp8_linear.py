@@ -99,18 +99,24 @@ def fp8_gemm(x_codes: torch.Tensor, x_scales: torch.Tensor, weight: Fp8Weight) -
     if x_codes.shape[-1] != k:
         raise ValueError(f"fp8_gemm: activation K {x_codes.shape[-1]} does not match the weight [{n}, {k}]")
     lead = x_codes.shape[:-1]
+    nb = k // BLOCK
     qa = e4m3_value(x_codes).reshape(-1, k).double()  # [M, K]
-    qw = e4m3_value(weight.codes).double()  # [N, K]
-    sa = x_scales.reshape(-1, k // BLOCK)  # [M, K/32]
-    sw = nx.e8m0_value(weight.scale_bytes).repeat_interleave(BLOCK, dim=0)[:n]  # [N, K/32]
-    acc = torch.zeros(qa.shape[0], n, dtype=torch.float32)
+    qw = e4m3_value(weight.codes).double().T.reshape(nb, BLOCK, n)  # [K/32, 32, N]: one block per matmul
+    sa = x_scales.reshape(-1, nb)  # [M, K/32]
+    sw = nx.e8m0_value(weight.scale_bytes).repeat_interleave(BLOCK, dim=0)[:n].T.contiguous()  # [K/32, N]
+    m = qa.shape[0]
+    acc = torch.zeros(m, n, dtype=torch.float32)
     rows = max(1, _CHUNK_ELEMS // max(n, 1))  # bounds the float64 block products (memory only)
-    for r0 in range(0, qa.shape[0], rows):
-        part = slice(r0, r0 + rows)
-        for kb in range(k // BLOCK):
-            cols = slice(kb * BLOCK, (kb + 1) * BLOCK)
-            block = (qa[part, cols] @ qw[:, cols].T).float()  # exact sum, one rounding to fp32
-            acc[part] += block * sa[part, kb : kb + 1] * sw[:, kb][None, :]  # powers of two: exact
+    exact = torch.empty(min(rows, m), n, dtype=torch.float64)  # reused: a fresh 40 MB buffer per block
+    block = torch.empty(min(rows, m), n, dtype=torch.float32)  # costs more than the matmul
+    for r0 in range(0, m, rows):
+        r1 = min(m, r0 + rows)
+        blocks = qa[r0:r1].reshape(r1 - r0, nb, BLOCK).transpose(0, 1).contiguous()  # [K/32, rows, 32]
+        e, b = exact[: r1 - r0], block[: r1 - r0]
+        for kb in range(nb):
+            torch.mm(blocks[kb], qw[kb], out=e)  # exact sum
+            b.copy_(e)  # one rounding to fp32
+            acc[r0:r1].add_(b.mul_(sa[r0:r1, kb : kb + 1]).mul_(sw[kb]))  # powers of two: exact
     return acc.reshape(*lead, n)
 
 

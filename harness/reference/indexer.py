@@ -44,6 +44,7 @@ from harness.reference.rope import apply_rotary
 from harness.reference.topk import torch_cpu_topk
 
 FP4_BLOCK = 32  # fp4_block_size (M:23-30): indexer q/k QDQ block, E8M0 scales
+LEAK_POLICIES = ("upstream", "drop")  # §4.4: ids of masked-out rows kept (upstream) or -1 (drop)
 _ROW_BLOCK_ELEMS = 1 << 22  # float64 elements per scoring block (memory bound only)
 
 
@@ -78,6 +79,7 @@ class IndexerResult(NamedTuple):
     masked_scores:  bf16 [b, S, T], visible_scores with non-candidates at -inf (what top-k saw;
                     equals visible_scores when no candidates were given).
     compress_lens:  int64 [S], visible compressed rows per query.
+    query:          bf16 [b, S, H, D], the query after RoPE and before its fp4 round trip.
     """
 
     ids: torch.Tensor
@@ -85,6 +87,7 @@ class IndexerResult(NamedTuple):
     visible_scores: torch.Tensor
     masked_scores: torch.Tensor
     compress_lens: torch.Tensor
+    query: torch.Tensor | None = None
 
 
 def head_weight_multiplier(index_head_dim: int, index_n_heads: int) -> float:
@@ -230,6 +233,32 @@ def select_topk(
     return TopkSelection(ids, masked)
 
 
+def drop_masked(ids: torch.Tensor, candidates: torch.Tensor, offset: int) -> torch.Tensor:
+    """The `drop` policy (§4.4): ids of non-candidate rows -> -1, then valid ids ascending, -1 tail.
+
+    ids int32 [b, S, k]; candidates bool [b, S, T].
+    """
+    valid = ids >= 0
+    rows = torch.where(valid, ids.long() - offset, 0)  # [b, S, k]
+    keep = valid & candidates.gather(-1, rows)
+    key = torch.where(keep, ids.long(), torch.iinfo(torch.int64).max)
+    ordered = key.sort(dim=-1).values
+    return torch.where(ordered == torch.iinfo(torch.int64).max, -1, ordered).to(ids.dtype)
+
+
+def select_with_leak(scores: torch.Tensor, candidates: torch.Tensor, compress_lens: torch.Tensor | int, k_max: int,
+                     offset: int, leak: str = "upstream") -> TopkSelection:
+    """`select_topk` of the scores with non-candidates at -inf (a consumer's level-one mask; all True
+    otherwise), and the §4.4 policy for masked rows a short pool still picks: `upstream` keeps
+    them as valid ids (the leak), `drop` turns them into -1. scores bf16 [b, S, T]."""
+    if leak not in LEAK_POLICIES:
+        raise ValueError(f"candidate leak policy must be one of {LEAK_POLICIES}, not {leak!r}")
+    selection = select_topk(scores.masked_fill(~candidates, float("-inf")), compress_lens, k_max, offset)
+    if leak == "drop":
+        return TopkSelection(drop_masked(selection.ids, candidates, offset), selection.masked_scores)
+    return selection
+
+
 def _lens_column(compress_lens: torch.Tensor | int, S: int) -> torch.Tensor:
     """compress_lens (int or int [S]) -> int64 [S, 1]."""
     if isinstance(compress_lens, int):
@@ -298,7 +327,8 @@ def indexer_forward(
             f"candidates must be bool [{b}, {S}, {T}], got {candidates.dtype} {tuple(candidates.shape)}"
         )
 
-    q = nx.fp4_qdq_e8m0(indexer_query(qr, weights.wq_b, H, rope_table[start : start + S], rope_dim), FP4_BLOCK).y
+    query = indexer_query(qr, weights.wq_b, H, rope_table[start : start + S], rope_dim)
+    q = nx.fp4_qdq_e8m0(query, FP4_BLOCK).y
     w = head_weights(x, weights.weights_proj, D, H)  # [b, S, H]
     scores = index_scores(q, index_k_cache[:b, :T], w)  # [b, S, T]
 
@@ -309,4 +339,4 @@ def indexer_forward(
         ids = torch.empty((b, S, 0), dtype=torch.int32)
     else:
         ids = select_topk(masked, lens, index_topk, offset).ids
-    return IndexerResult(ids, scores, visible, masked, lens)
+    return IndexerResult(ids, scores, visible, masked, lens, query)

@@ -37,6 +37,7 @@ from harness.reference.compressor import new_ring, ring_capacity
 from harness.reference.config import AttnConfig, layer_roles
 
 POLICIES = ("upstream", "fixed")
+SLOTS = ("compress_kv", "index_k", "topk_idxs", "candidates")  # upstream shared_attn, M:1166-1180
 
 
 @dataclass(frozen=True)

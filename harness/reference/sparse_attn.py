@@ -56,11 +56,13 @@ def _check(q: torch.Tensor, kv: torch.Tensor, attn_sink: torch.Tensor,
                              f"min {lo}, max {hi}")
 
 
-def _gather(kv: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """kv rows for ids [b,m,T] -> (fp32 rows [b,m,T,d] with zero rows where absent, present)."""
+def _gather(kv: torch.Tensor, ids: torch.Tensor, dtype: torch.dtype = torch.float32
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """kv rows for ids [b,m,T] -> (rows [b,m,T,d] in `dtype` with zero rows where absent, present).
+    `kv` may already be in `dtype` (converted once per call rather than once per gathered row)."""
     present = ids >= 0                                            # [b,m,T]
     bidx = torch.arange(kv.shape[0]).view(-1, 1, 1)
-    rows = kv[bidx, ids.long().clamp(min=0)].float()              # [b,m,T,d]
+    rows = kv[bidx, ids.long().clamp(min=0)].to(dtype)            # [b,m,T,d]
     return rows * present.unsqueeze(-1), present
 
 
@@ -74,20 +76,29 @@ def sparse_attn(q: torch.Tensor, kv: torch.Tensor, attn_sink: torch.Tensor,
     _check(q, kv, attn_sink, topk_idxs)
     b, m, h, d = q.shape
     scale = torch.tensor(softmax_scale, dtype=torch.float32)     # the kernel's fp32 constant
-    qf = q.float()                                                # [b,m,h,d]
+    # Products of bf16 values are exact in float64 and their sums too (einsum_f32's ideal fp32
+    # accumulator): q and kv are widened once here rather than once per tile.
+    q64 = q.double()                                              # [b,m,h,d]
+    flat_kv = kv.double().reshape(-1, d)                          # [b*n, d]
+    base = (torch.arange(b) * kv.shape[1]).view(b, 1, 1)
     run_max = torch.full((b, m, h), M_INIT, dtype=torch.float32)  # M
     denom = torch.zeros((b, m, h), dtype=torch.float32)           # L
     acc = torch.zeros((b, m, h, d), dtype=torch.float32)
-    for t0 in range(0, topk_idxs.shape[-1], TILE):
-        rows, present = _gather(kv, topk_idxs[:, :, t0:t0 + TILE])  # [b,m,T,d], [b,m,T]
-        s = einsum_f32("bmhd,bmtd->bmht", qf, rows) * scale          # [b,m,h,T] fp32
+    buffer = torch.empty(b * m * min(TILE, topk_idxs.shape[-1]) * d, dtype=torch.float64)  # reused: fresh
+    for t0 in range(0, topk_idxs.shape[-1], TILE):                # 100 MB tensors cost their page faults
+        ids = topk_idxs[:, :, t0:t0 + TILE]
+        present = ids >= 0                                        # [b,m,T]
+        rows = buffer[: ids.numel() * d].view(*ids.shape, d)      # [b,m,T,d]: kv rows, zero where absent
+        torch.index_select(flat_kv, 0, (ids.long().clamp(min=0) + base).reshape(-1), out=rows.view(-1, d))
+        rows.mul_(present.unsqueeze(-1))
+        s = torch.einsum("bmhd,bmtd->bmht", q64, rows).float() * scale   # [b,m,h,T] fp32
         s = s.masked_fill(~present.unsqueeze(2), float("-inf"))
         new_max = torch.maximum(run_max, s.amax(dim=-1))             # [b,m,h]
         alpha = exp_f32(run_max - new_max)
         p = exp_f32(s - new_max.unsqueeze(-1))                       # [b,m,h,T] fp32
         denom = denom * alpha + sum_f32(p, -1)
-        p16 = p.to(torch.bfloat16).float()                           # bf16 P before P·V
-        acc = acc * alpha.unsqueeze(-1) + einsum_f32("bmht,bmtd->bmhd", p16, rows)
+        p16 = p.to(torch.bfloat16).double()                          # bf16 P before P·V
+        acc.mul_(alpha.unsqueeze(-1)).add_(torch.einsum("bmht,bmtd->bmhd", p16, rows).float())
         run_max = new_max
     denom = denom + exp_f32(attn_sink.float().view(1, 1, h) - run_max)
     return (acc / denom.unsqueeze(-1)).to(torch.bfloat16)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from harness import Unsupported
 from harness.adapters.reference import ReferenceAdapter
+from harness.registry import components
 
 # Index bookkeeping, byte counts, ring capacity, row metadata, topology rules: integer answers, so
 # the reference's answer is every correct implementation's answer.
@@ -35,3 +36,17 @@ def table_args(params: dict) -> dict:
     return {"dim": int(params["dim"]), "base": float(params["base"]),
             "original_seq_len": int(params.get("original_seq_len", 0)), "factor": float(params.get("factor", 16.0)),
             "beta_fast": float(params.get("beta_fast", 32.0)), "beta_slow": float(params.get("beta_slow", 1.0))}
+
+
+def bare(cls: type) -> type:
+    """`cls` returning no intermediates: its outputs are judged with the reference's values standing
+    in at every decision (docs/verdicts.md, "The chain")."""
+
+    class Bare(cls):
+        def run(self, component, inputs, params):
+            out = super().run(component, inputs, params)
+            spec = components()[component]
+            return {k: v for k, v in out.items() if spec.intermediate_spec(k) is None}
+
+    Bare.__name__ = Bare.__qualname__ = f"Bare{cls.__name__}"
+    return Bare

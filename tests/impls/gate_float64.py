@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 import harness.reference.attention as ref_attention
-from gate import Gate
+from gate import Gate, bare
 from harness.adapters.reference import ReferenceAdapter
 from harness.reference.fp8_linear import Fp8Weight, weight_input
 from harness.reference.kv_finish import KvFinish
@@ -381,6 +381,7 @@ class IndexerOutput(NamedTuple):
     visible_scores: torch.Tensor
     masked_scores: torch.Tensor
     compress_lens: torch.Tensor
+    query: torch.Tensor  # after RoPE, before its fp4 round trip
 
 
 def indexer_forward(x: torch.Tensor, qr: torch.Tensor, keys: torch.Tensor, start: int, ratio: int,
@@ -391,14 +392,14 @@ def indexer_forward(x: torch.Tensor, qr: torch.Tensor, keys: torch.Tensor, start
     b, S, _ = x.shape
     heads, head_dim = weights_proj.shape[0], keys.shape[-1]
     T = (start + S) // ratio
-    q = linear_bf16(qr, wq_b).unflatten(-1, (heads, head_dim))
-    q = fp4_e8m0(rotate(q, freqs, rope_dim)).y
+    query = rotate(linear_bf16(qr, wq_b).unflatten(-1, (heads, head_dim)), freqs, rope_dim)
+    q = fp4_e8m0(query).y
     scores = index_scores(q, keys[:b, :T], head_weights(x, weights_proj, head_dim))
     lens = compress_lens(start, S, ratio)
     visible = hide_invisible(scores, lens)
     masked = visible if candidates is None else visible.masked_fill(~candidates, NINF)
     ids = select_ids(masked, lens, index_topk, offset) if T else torch.empty(b, S, 0, dtype=torch.int32)
-    return IndexerOutput(ids, scores, visible, masked, lens)
+    return IndexerOutput(ids, scores, visible, masked, lens, query)
 
 
 def candidate_mask(logits: torch.Tensor, lens: torch.Tensor, topk_blocks: int, block: int) -> torch.Tensor:
@@ -558,7 +559,7 @@ def _indexer(inputs, params):
                           int(params["ratio"]), weight_input(inputs, "wq_b"), inputs["weights_proj"], inputs["freqs"],
                           int(params["rope_dim"]), int(params["index_topk"]), int(params.get("offset", 0)),
                           inputs["candidates"])
-    return {"ids": _leak_policy(out.ids, inputs["candidates"], params), "scores": out.scores}
+    return {"ids": _leak_policy(out.ids, inputs["candidates"], params), "scores": out.scores, "index_q": out.query}
 
 
 def _candidates_select(inputs, params):
@@ -623,3 +624,6 @@ class Float64(Gate):
     """Every floating-point component in float64, rounded once at upstream's rounding points."""
 
     handlers = {**HANDLERS, "attention": _attention}
+
+
+BareFloat64 = bare(Float64)

@@ -19,7 +19,7 @@ import torch
 
 import upstream_ops as up
 from upstream_attention import attention_call, weight
-from gate import Gate, table_args
+from gate import Gate, bare, table_args
 from harness import Unsupported
 
 
@@ -192,3 +192,6 @@ class UpstreamTorch(Gate):
     """Upstream arithmetic for every floating-point component; the reference for the rest."""
 
     handlers = HANDLERS
+
+
+BareUpstreamTorch = bare(UpstreamTorch)

@@ -3,8 +3,10 @@
 `NearTieScores` is the indexer of a port whose bf16 index scores come out one ulp apart from the
 reference's (another accumulation order, as on a GPU): wherever the k-th and (k+1)-th visible
 scores of a query are at most one bf16 ulp apart (and not equal), its scores have the two values
-exchanged, so its scores stay within their 1-ulp tolerance and its top-k picks the other id: a
-near tie (docs/index-verdicts.md).
+exchanged, so its scores stay within their 1-ulp tolerance and its top-k picks the other id. Its
+ids are judged given its own scores, so it passes (docs/verdicts.md, "The chain");
+`NearTieSelection` reports the reference's scores instead, so the same ids are near ties
+(docs/index-verdicts.md).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ def swap_near_boundary(scores: torch.Tensor, lens: torch.Tensor, k: int) -> torc
 
 
 class NearTieScores(ReferenceAdapter):
+    """Scores one ulp apart at the k-th place, and the top-k of those scores: a correct port (its
+    selection is exactly the reference's selection of its own scores, which are within tolerance)."""
+
     def run(self, component, inputs, params):
         if component != "indexer":
             return super().run(component, inputs, params)
@@ -46,6 +51,18 @@ class NearTieScores(ReferenceAdapter):
 
         with patched(ix, "index_scores", one_ulp_apart):
             return super().run(component, inputs, params)
+
+
+class NearTieSelection(NearTieScores):
+    """Returns the reference's scores but selects from scores one ulp apart at the k-th place (a
+    kernel whose selection ranks other values than the scores it reports): near ties, which fail
+    unless the implementation opts into `accept_near_ties`."""
+
+    def run(self, component, inputs, params):
+        out = super().run(component, inputs, params)
+        if component == "indexer":
+            out["scores"] = ReferenceAdapter().run(component, inputs, params)["scores"]
+        return out
 
 
 class NarrowAccumulatorFp8(ReferenceAdapter):

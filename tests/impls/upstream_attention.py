@@ -24,7 +24,8 @@ from harness.reference.config import AttnConfig, LayerRole, rope_params
 
 
 def attention_call(inputs: dict, params: dict) -> dict:
-    """Upstream `Attention.forward` (M:765-789) of layer params.layer over x bf16 [b, S, dim]."""
+    """Upstream `Attention.forward` (M:765-789) of layer params.layer over x bf16 [b, S, dim], with
+    its values at the decision points as intermediates (qr, kv, index_q, index_scores, o, z, ...)."""
     if params.get("generalisation"):
         raise Unsupported(f"schedule {params['schedule_name']} is the harness's generalisation (§10.3): upstream "
                           "defines only a prefill at position 0 followed by single-token decode steps")
@@ -34,24 +35,26 @@ def attention_call(inputs: dict, params: dict) -> dict:
     freqs = freqs_cis[start:start + x.shape[1]]
     qr = up.rms_norm(up.linear(x, weight(inputs, "wq_a")), inputs["q_norm"], cfg.norm_eps)
     q = up.apply_rotary_emb(up.linear(qr, weight(inputs, "wq_b")).unflatten(-1, (cfg.n_heads, cfg.head_dim)), freqs)
-    kv = up.rms_norm(up.linear(x, weight(inputs, "wkv")), inputs["kv_norm"], cfg.norm_eps)
-    kv = up.act_quant(up.apply_rotary_emb(kv, freqs)).y
+    kv_pre = up.apply_rotary_emb(up.rms_norm(up.linear(x, weight(inputs, "wkv")), inputs["kv_norm"], cfg.norm_eps),
+                                 freqs)
+    kv = up.act_quant(kv_pre).y
     window_kv, window_ids, window = window_part(inputs["window"], kv, start)
-    out = {"window": window, "window_ids": window_ids}
+    out = {"window": window, "window_ids": window_ids, "qr": qr, "kv": kv_pre}
     compressed_kv, compressed_ids = _compressed_part(inputs, params, cfg, role, qr, freqs_cis, window_kv.shape[1], out)
     o = up.sparse_attn(q, torch.cat([window_kv, compressed_kv], dim=1), inputs["attn_sink"],
                        torch.cat([window_ids, compressed_ids], dim=-1), cfg.softmax_scale)
-    out["out"] = _output_projection(up.apply_rotary_emb(o, freqs, inverse=True), inputs, cfg)
+    out["o"] = up.apply_rotary_emb(o, freqs, inverse=True)
+    out["z"] = output_rank(out["o"], inputs, cfg)
+    out["out"] = up.linear(out["z"], weight(inputs, "wo_b"))
     out["compressed_ids"] = compressed_ids
     return out
 
 
-def _output_projection(o: torch.Tensor, inputs: dict, cfg: AttnConfig) -> torch.Tensor:
-    """wo_b(einsum("bsgd,grd->bsgr", o, wo_a)) on bf16 tensors (§5.2 step 8): bf16 [b, S, dim]."""
+def output_rank(o: torch.Tensor, inputs: dict, cfg: AttnConfig) -> torch.Tensor:
+    """einsum("bsgd,grd->bsgr", o, wo_a) on bf16 tensors (§5.2 step 8): bf16 [b, S, g * o_lora], wo_b's input."""
     b, S = o.shape[:2]
     wo_a = inputs["wo_a"].view(cfg.o_groups, cfg.o_lora_rank, -1)
-    z = torch.einsum("bsgd,grd->bsgr", o.reshape(b, S, cfg.o_groups, -1), wo_a)
-    return up.linear(z.flatten(2), weight(inputs, "wo_b"))
+    return torch.einsum("bsgd,grd->bsgr", o.reshape(b, S, cfg.o_groups, -1), wo_a).flatten(2)
 
 
 def weight(inputs: dict, name: str):
@@ -91,13 +94,15 @@ def _compress(inputs: dict, cfg: AttnConfig, role: LayerRole, start: int, freqs_
                                  inputs["comp.norm"], cfg.norm_eps, inputs.get("comp.wgate"))
     groups, freqs = step.row_positions // role.ratio, freqs_cis[step.row_positions]
     compress_kv = inputs["compress_kv"].clone()
-    compress_kv[:, groups] = up.fp4_act_quant_e4m3(up.apply_rotary_emb(step.rows, freqs)).y
+    out["compress_pre"] = up.apply_rotary_emb(step.rows, freqs)
+    compress_kv[:, groups] = up.fp4_act_quant_e4m3(out["compress_pre"]).y
     out.update({"compress_kv": compress_kv, "comp_ring": step.ring, "rt.compress_kv": compress_kv})
     if not role.owns_k:
         return
     keys = up.rms_norm(up.linear(step.rows, inputs["wk"]), inputs["k_norm"], cfg.norm_eps)
     index_k = inputs["index_k"].clone()
-    index_k[:, groups] = up.fp4_act_quant_e8m0(up.apply_rotary_emb(keys, freqs)).y
+    out["index_k_pre"] = up.apply_rotary_emb(keys, freqs)
+    index_k[:, groups] = up.fp4_act_quant_e8m0(out["index_k_pre"]).y
     out["index_k"] = index_k
     if groups.numel() or policy == "fixed":  # §10.1: upstream republishes only when a group closed
         out["rt.index_k"] = index_k
@@ -114,12 +119,13 @@ def _select(inputs: dict, cfg: AttnConfig, role: LayerRole, qr: torch.Tensor, st
         ids = torch.zeros(b, S, 0, dtype=torch.int32)
     else:
         consumed = inputs["rt.candidates"] if role.candidate_source is not None else None
-        ids, scores = up.indexer_forward(x, qr, _slot(inputs, out, "index_k"), weight(inputs, "idx.wq_b"),
-                                         inputs["idx.weights_proj"], freqs, start, role.ratio, cfg.index_topk,
-                                         offset, consumed)
+        ids, scores, out["index_q"] = up.indexer_forward(x, qr, _slot(inputs, out, "index_k"), weight(inputs, "idx.wq_b"),
+                                                         inputs["idx.weights_proj"], freqs, start, role.ratio,
+                                                         cfg.index_topk, offset, consumed, with_query=True)
+        lens = up.query_compress_lens(start, S, role.ratio)
+        out["index_scores"] = up.mask_invisible(scores, lens)
         if role.is_candidate_source:
-            lens = up.query_compress_lens(start, S, role.ratio)
-            candidates = up.select_candidate_blocks(up.mask_invisible(scores, lens), lens,
+            candidates = up.select_candidate_blocks(out["index_scores"], lens,
                                                     cfg.candidate_topk_blocks, cfg.candidate_block_size)
             out["rt.candidates"] = candidates
     if role.is_candidate_source:

@@ -287,19 +287,21 @@ def drop_non_candidates(ids: torch.Tensor, candidates: torch.Tensor, offset: int
 
 def indexer_forward(x: torch.Tensor, qr: torch.Tensor, index_k: torch.Tensor, wq_b: torch.Tensor,
                     weights_proj: torch.Tensor, freqs_cis: torch.Tensor, start: int, ratio: int,
-                    index_topk: int, offset: int, candidates: torch.Tensor | None):
-    """Indexer.forward query side (M:550-580) -> (ids int32 [b, S, k], scores bf16 [b, S, T])."""
+                    index_topk: int, offset: int, candidates: torch.Tensor | None, with_query: bool = False):
+    """Indexer.forward query side (M:550-580) -> (ids int32 [b, S, k], scores bf16 [b, S, T]), and
+    with `with_query` the query before its fp4 round trip (bf16 [b, S, H, D]) as well."""
     b, S, _ = x.shape
     n_heads, head_dim = weights_proj.shape[0], index_k.shape[-1]
     T = (start + S) // ratio
-    q = linear(qr, wq_b).unflatten(-1, (n_heads, head_dim))
-    q = fp4_act_quant_e8m0(apply_rotary_emb(q, freqs_cis)).y
+    query = apply_rotary_emb(linear(qr, wq_b).unflatten(-1, (n_heads, head_dim)), freqs_cis)
+    q = fp4_act_quant_e8m0(query).y
     w = index_head_weights(x, weights_proj, head_dim)
     scores = index_scores(q, index_k[:b, :T], w)
     if T == 0:  # upstream does not call the indexer before a row exists (M:722-737)
-        return torch.empty((b, S, 0), dtype=torch.int32), scores
-    lens = query_compress_lens(start, S, ratio)
-    return select_topk(scores, lens, index_topk, offset, candidates), scores
+        ids = torch.empty((b, S, 0), dtype=torch.int32)
+    else:
+        ids = select_topk(scores, query_compress_lens(start, S, ratio), index_topk, offset, candidates)
+    return (ids, scores, query) if with_query else (ids, scores)
 
 
 def select_candidate_blocks(logits: torch.Tensor, compress_lens: torch.Tensor, topk_blocks: int,

@@ -7,6 +7,7 @@ import torch
 from harness.adapters.reference import ReferenceAdapter
 from harness.reference import fp8_linear as fp8
 from harness.reference import numerics as nx
+from gate import bare
 from patching import patched
 
 
@@ -66,3 +67,6 @@ class AttentionSkipsActQuant(ReferenceAdapter):
 
         with patched(fp8, "linear_fp8", unquantised):
             return super().run(component, inputs, params)
+
+
+BareAttentionSkipsActQuant = bare(AttentionSkipsActQuant)

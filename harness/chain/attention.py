@@ -1,0 +1,442 @@
+"""The attention chain: every output of every (step, layer) call judged given the implementation's
+own values at the decisions before it (docs/verdicts.md, "The chain").
+
+One call's stages, in order, with the decision each value is the input of:
+
+    qr             q_norm(wq_a(x))                      act_quant of wq_b's input (fp8), the indexer's
+    kv             RoPE(kv_norm(wkv(x)))                the window rows' fp8 QDQ
+    compress_pre   RoPE(the compressor's row)           the compressed rows' fp4 QDQ (kv sources)
+    index_k_pre    RoPE(k_norm(wk(row)))                the index keys' fp4 QDQ (key owners)
+    index_q        RoPE(idx.wq_b(qr))                   the index query's fp4 round trip
+    index_scores   visible scores of fp4(index_q)       top-k, candidate blocks
+    o              sparse attention, inverse RoPE       (continuous: judged by sparse_attn's policy)
+    z              wo_a(o)                              act_quant of wo_b's input (fp8)
+    out            wo_b(z)
+
+and the outputs between them (window_rows, compress_rows, index_k_rows, ring_pending,
+compressed_ids, candidates; per step window_ids and published). Each is judged against the
+reference re-run from the values the implementation itself fed it: its returned intermediates
+where they passed, its own earlier outputs (the caches, ids and masks it returned), the
+reference's value where it returned none (the verdict then says so, and names what to return when
+a difference cannot be attributed). The state a call read (window ring, compressed cache, index
+keys, the shared slots under the golden's publication record) is rebuilt from the outputs the
+harness judged, never taken from what the implementation passed itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..compare import OWN_PRE as OWN
+from ..reference import numerics as nx
+from ..reference.attention import LayerWeights, output_rank, rope_table, step_window_ids, window_part_length
+from ..reference.candidates import select_candidate_blocks
+from ..reference.compressor import completed_groups
+from ..reference.config import AttnConfig, LayerRole, layer_roles
+from ..reference.fp8_linear import Fp8Weight, project
+from ..reference.indexer import FP4_BLOCK, head_weights, index_scores_with_terms, indexer_query, select_topk
+from ..reference.numerics import rms_norm
+from ..reference.rope import apply_rotary
+from ..reference.runtime import SLOTS
+from ..reference.sparse_attn import sparse_attn
+from ..stepnames import layer_name, step_name
+from .digest import differing_rows
+from .stages import (ChainJudgement, Given, Judge, Lazy, StageVerdict, assemble, attribute_problem, differing,
+                     explained, judge_rows, rows_of)
+
+NINF = float("-inf")
+FP8_BLOCK = 32
+
+# What to return when a stage's difference cannot be attributed: stage -> (intermediate, why). The
+# first three cross act_quant only with the fp8 checkpoint; with bf16 weights they are continuous.
+FP8_ONLY = ("out", "o", "index_q")
+HINTS = {
+    "out": ("z", "wo_b's input: its act_quant turns one ulp of z into a whole fp8 step of out"),
+    "z": ("o", "wo_a's input"),
+    "o": ("qr", "wq_b's input: its act_quant turns one ulp of qr into an fp8 step of the query"),
+    "index_q": ("qr", "the indexer's wq_b input: its act_quant turns one ulp of qr into an fp8 step"),
+    "index_scores": ("index_q", "the index query before its fp4 round trip"),
+    "compressed_ids": ("index_scores", "the scores your top-k ranked"),
+    "candidates": ("index_scores", "the scores your block selection ranked"),
+    "window_rows": ("kv", "the window rows before their fp8 QDQ"),
+    "compress_rows": ("compress_pre", "the compressed rows before their fp4 QDQ"),
+    "index_k_rows": ("index_k_pre", "the index keys before their fp4 QDQ"),
+}
+
+
+@dataclass
+class Call:
+    """One (step, layer) call and what the chain knows of it so far."""
+
+    step: int
+    role: LayerRole
+    start: int
+    end: int
+    given: dict[str, Given] = field(default_factory=dict)
+    ranked: object = None  # index sources: rows -> the scores their selection ranked (for Reuse layers too)
+
+    @property
+    def layer(self) -> int:
+        return self.role.layer
+
+    @property
+    def S(self) -> int:
+        return self.end - self.start
+
+    def name(self, stage: str) -> str:
+        return layer_name(self.step, self.layer, stage)
+
+
+class AttentionChain:
+    """Judges one attention case along its chain (module docstring). `x` is the golden's per-layer
+    input [L, b, T, dim]; `weights` each layer's reference weights."""
+
+    def __init__(self, x: torch.Tensor, weights: dict[int, LayerWeights], golden: dict, aux: dict, actual: dict,
+                 params: dict, judge: Judge):
+        self.cfg = AttnConfig.from_dict(params["config"])
+        self.roles = layer_roles(self.cfg)
+        self.x, self.weights, self.golden, self.aux, self.actual, self.judge = x, weights, golden, aux, actual, judge
+        self.params = params
+        self.schedule = [tuple(s) for s in params["schedule"]]
+        self.b = int(x.shape[1])
+        self.tables = {r: rope_table(self.cfg, r) for r in sorted({role.ratio for role in self.roles})}
+        cfg, b = self.cfg, self.b
+        self.rings = {r.layer: torch.zeros(b, cfg.window_size, cfg.head_dim, dtype=torch.bfloat16) for r in self.roles}
+        self.caches = {r.layer: torch.zeros(b, cfg.max_seq_len // r.ratio, cfg.head_dim, dtype=torch.bfloat16)
+                       for r in self.roles if r.is_kv_source}
+        self.keys = {r.layer: torch.zeros(b, cfg.max_seq_len // r.ratio, cfg.index_head_dim, dtype=torch.bfloat16)
+                     for r in self.roles if r.owns_k}
+        self.slots: dict[str, torch.Tensor] = {}
+        self.calls: dict[tuple[int, int], Call] = {}
+        self.fp8 = any(isinstance(w.wo_b, Fp8Weight) for w in weights.values())
+        self.result = ChainJudgement()
+
+    # --- the walk ----------------------------------------------------------------------------
+
+    def run(self) -> ChainJudgement:
+        for i, (start, end) in enumerate(self.schedule):
+            calls = [Call(i, role, start, end) for role in self.roles]
+            self.calls.update({(i, c.layer): c for c in calls})
+            for c in calls:
+                self._qr(c)
+                self._kv(c)
+            self._plain(step_name(i, "window_ids"))
+            before = {c.layer: self.rings[c.layer].clone() for c in calls}
+            self._window_rows(i, calls)
+            published = self.golden[step_name(i, "published")]
+            for c in calls:
+                c.given["ring_before"] = Given("ring", before[c.layer])
+                self._layer(c, published[c.layer])
+            self._plain(step_name(i, "published"))
+        return self.result
+
+    def _layer(self, c: Call, published: torch.Tensor) -> None:
+        role = c.role
+        flags = dict(zip(SLOTS, (bool(v) for v in published)))
+        if role.is_kv_source:
+            self._cache_rows(c, "compress_pre", "compress_rows", "fp4_e4m3", self.caches)
+            if role.ratio == 2:
+                self._plain(c.name("ring_pending"))
+            if role.owns_k:
+                self._cache_rows(c, "index_k_pre", "index_k_rows", "fp4_e8m0", self.keys)
+            if flags["compress_kv"]:
+                self.slots["compress_kv"] = self.caches[c.layer].clone()
+            if flags["index_k"] and role.owns_k:
+                self.slots["index_k"] = self.keys[c.layer].clone()
+        c.given["kv_seen"] = Given("compress_kv", self.slots.get("compress_kv"))
+        if role.is_index_source:
+            self._index_path(c)
+        elif role.ratio:
+            self._reused_ids(c)
+        self._o(c)
+        self._z(c)
+        self._out(c)
+
+    # --- judging helpers ---------------------------------------------------------------------
+
+    def _record(self, name: str, verdict, given=(), assumed=(), rows=0, hint_for: str | None = None,
+                intermediate: bool = False) -> StageVerdict:
+        hint = ""
+        known = HINTS.get(hint_for or "")
+        if known and not explained(verdict) and verdict.metrics and (self.fp8 or hint_for not in FP8_ONLY):
+            want, why = known
+            if want in assumed:
+                hint = (f"return {name.rsplit('.', 1)[0]}.{want} ({why}) so this is judged given your own value: "
+                        f"a difference inherited through that decision cannot be told from a bug here")
+        stage = StageVerdict(name, verdict, tuple(given), tuple(assumed), rows, hint, intermediate)
+        self.result.verdicts.append(stage)
+        return stage
+
+    def _plain(self, name: str, extra: dict | None = None) -> StageVerdict:
+        """An output judged against the golden as it stands (nothing upstream of it is a decision
+        the implementation can legitimately take the other way)."""
+        return self._record(name, self.judge(name, self.golden[name], self.actual.get(name), extra or {}))
+
+    def _inputs(self, c: Call, *names: str) -> tuple[list[str], list[str]]:
+        """(own, assumed) among a stage's inputs, by name as reported (an own value that failed its
+        own verdict says so: what follows is judged given it all the same)."""
+        own, assumed = [], []
+        for n in names:
+            g = c.given.get(n)
+            if g is not None and g.own:
+                own.append(n if g.passed else f"{n} (which failed)")
+            else:
+                assumed.append(n)
+        return own, assumed
+
+    def _intermediate(self, c: Call, stage: str, shape: tuple[int, ...], dtype: torch.dtype, compute,
+                      inputs: tuple[str, ...], extra=None) -> Given:
+        """A stage the golden holds as row digests: judged if returned, else the reference, lazily."""
+        name, rows = c.name(stage), shape[0] * shape[1]
+        lazy = Lazy(rows, compute)
+        actual, digest = self.actual.get(name), self.aux.get(f"{name}.digest")
+        if actual is None or digest is None:
+            c.given[stage] = Given(name, lazy=lazy)
+            return c.given[stage]
+        own, assumed = self._inputs(c, *inputs)
+        if attribute_problem(actual, dtype, shape):
+            verdict = self.judge(name, torch.zeros(shape, dtype=dtype), actual, {})
+            self._record(name, verdict, own, assumed, intermediate=True)
+            c.given[stage] = Given(name, lazy=lazy)
+            return c.given[stage]
+        differ = differing_rows(actual, digest, 2)
+        verdict, expected, n = judge_rows(self.judge, name, actual, actual, differ, lazy.rows, 2, extra)
+        sv = self._record(name, verdict, own, assumed, n, hint_for=stage, intermediate=True)
+        c.given[stage] = Given(name, rows_of(actual, 2), own=True, passed=sv.explained)
+        return c.given[stage]
+
+    def _output(self, c: Call, stage: str, compute, inputs: tuple[str, ...], extra=None, name: str | None = None
+                ) -> Given:
+        """An output the golden holds: rows that differ from it rederived from the given inputs."""
+        name = name or c.name(stage)
+        golden, actual = self.golden[name], self.actual.get(name)
+        own, assumed = self._inputs(c, *inputs)
+        if attribute_problem(actual, golden.dtype, tuple(golden.shape)):
+            self._record(name, self.judge(name, golden, actual, {}), own, assumed)
+            c.given[stage] = Given(name, rows_of(golden, 2))
+            return c.given[stage]
+        differ = differing(actual, golden, 2)
+        verdict, expected, n = judge_rows(self.judge, name, actual, golden, differ, compute, 2, extra)
+        sv = self._record(name, verdict, own, assumed, n, hint_for=stage)
+        c.given[stage] = Given(name, rows_of(actual, 2), own=True, passed=sv.explained)
+        return c.given[stage]
+
+    # --- per-row context -----------------------------------------------------------------------
+
+    def _w(self, c: Call) -> LayerWeights:
+        return self.weights[c.layer]
+
+    def _x_rows(self, c: Call, rows: torch.Tensor) -> torch.Tensor:
+        x = self.x[c.layer, :, c.start:c.end]  # [b, S, dim]
+        return rows_of(x, 2)[rows]
+
+    def _freqs(self, c: Call, rows: torch.Tensor) -> torch.Tensor:
+        return self.tables[c.role.ratio][c.start + rows % c.S]
+
+    def _lens(self, c: Call, rows: torch.Tensor) -> torch.Tensor:
+        return (c.start + rows % c.S + 1) // c.role.ratio
+
+    # --- stages ------------------------------------------------------------------------------
+
+    def _qr(self, c: Call) -> None:
+        w, cfg = self._w(c), self.cfg
+
+        def compute(rows):
+            return rms_norm(project(self._x_rows(c, rows), w.wq_a), w.q_norm, cfg.norm_eps)
+
+        self._intermediate(c, "qr", (self.b, c.S, cfg.q_lora_rank), torch.bfloat16, compute, ())
+
+    def _kv(self, c: Call) -> None:
+        w, cfg = self._w(c), self.cfg
+
+        def compute(rows):
+            kv = rms_norm(project(self._x_rows(c, rows), w.wkv), w.kv_norm, cfg.norm_eps)
+            return apply_rotary(kv[None], self._freqs(c, rows), cfg.rope_head_dim)[0]
+
+        self._intermediate(c, "kv", (self.b, c.S, cfg.head_dim), torch.bfloat16, compute, ())
+
+    def _window_rows(self, step: int, calls: list[Call]) -> None:
+        """The ring slots each layer wrote (stacked [L, b, n, hd]): the fp8 QDQ of the layer's own kv
+        where it returned one that passed (then exact), else boundary flips against the golden's."""
+        name = step_name(step, "window_rows")
+        golden, pre_name = self.golden[name], step_name(step, "window_pre")
+        expected, pre = golden.clone(), self.aux[pre_name].clone()
+        own = torch.zeros(golden.shape[0], dtype=torch.bool)
+        for c in calls:
+            kv = c.given["kv"]
+            if kv.own:
+                n = golden.shape[2]
+                rows = (torch.arange(self.b)[:, None] * c.S + torch.arange(c.S - n, c.S)).flatten()
+                mine = kv.rows(rows).reshape(self.b, n, -1)
+                pre[c.layer], expected[c.layer], own[c.layer] = mine, nx.fp8_qdq_ue8m0(mine, FP8_BLOCK).y, True
+        extra = {pre_name: pre, pre_name + OWN: own.view(-1, 1, 1, 1).expand_as(pre)}
+        actual = self.actual.get(name)
+        owners = [f"l{c.layer}.kv" for c in calls if c.given["kv"].own]
+        others = ["kv"] if len(owners) < len(calls) else []
+        sv = self._record(name, self.judge(name, expected, actual, extra), owners, others, hint_for="window_rows")
+        own = not attribute_problem(actual, golden.dtype, tuple(golden.shape))
+        given = actual if own else expected
+        win = self.cfg.window_size
+        for c in calls:
+            slots = [p % win for p in range(max(c.start, c.end - win), c.end)]
+            self.rings[c.layer][:, slots] = given[c.layer]
+            c.given["window_rows"] = Given(name, given[c.layer], own=own, passed=sv.explained)
+
+    def _cache_rows(self, c: Call, pre_stage: str, rows_stage: str, fmt: str, caches: dict) -> None:
+        """A kv source's cache rows written this step (compressed rows, index keys): the fp4 QDQ of its
+        own pre-quantisation rows where it returned ones that passed, else boundary flips."""
+        pre_name, name = c.name(pre_stage), c.name(rows_stage)
+        golden_pre = self.aux[pre_name]
+        actual_pre = self.actual.get(pre_name)
+        own = False
+        if actual_pre is not None:
+            self._record(pre_name, self.judge(pre_name, golden_pre, actual_pre, {}), intermediate=True)
+            own = not attribute_problem(actual_pre, golden_pre.dtype, tuple(golden_pre.shape))
+        golden = self.golden[name]
+        pre, expected = golden_pre, golden
+        if own:
+            quantise = nx.fp4_qdq_e4m3 if fmt == "fp4_e4m3" else nx.fp4_qdq_e8m0
+            pre = actual_pre
+            expected = quantise(actual_pre).y if actual_pre.shape[1] else golden
+        extra = {pre_name: pre, pre_name + OWN: torch.full(pre.shape, own)}
+        actual = self.actual.get(name)
+        given_names, assumed = ([pre_stage], []) if own else ([], [pre_stage])
+        sv = self._record(name, self.judge(name, expected, actual, extra), given_names, assumed, hint_for=rows_stage)
+        mine = not attribute_problem(actual, golden.dtype, tuple(golden.shape))
+        value = actual if mine else expected
+        rows = list(completed_groups(c.start, c.end, c.role.ratio))
+        if rows:
+            caches[c.layer][:, rows] = value
+        c.given[rows_stage] = Given(name, value, own=mine, passed=sv.explained)
+
+    def _index_path(self, c: Call) -> None:
+        """index_q, index_scores, compressed_ids and (candidate source) candidates of an index source."""
+        w, cfg, role = self._w(c), self.cfg, c.role
+        T = c.end // role.ratio
+        H, D = cfg.index_n_heads, cfg.index_head_dim
+
+        def query(rows):
+            qr = c.given["qr"].rows(rows)
+            return indexer_query(qr[None], w.indexer.wq_b, H, self._freqs(c, rows), cfg.rope_head_dim)[0]
+
+        self._intermediate(c, "index_q", (self.b, c.S, H, D), torch.bfloat16, query, ("qr",))
+        if T == 0:  # upstream skips the indexer: nothing is selected, nothing scored
+            self._output(c, "compressed_ids", lambda rows: torch.zeros(rows.numel(), 0, dtype=torch.int32), ())
+            c.ranked = lambda rows: self.aux.get(c.name("scores"))
+            if role.is_candidate_source:
+                self._plain(c.name("candidates"))
+            return
+        keys = self.slots["index_k"]
+        c.given["index_k_seen"] = Given("index_k", keys, own=True)
+        terms = torch.zeros(self.b * c.S, T)  # the largest head term of each recomputed score
+
+        def scores(rows):
+            q = nx.fp4_qdq_e8m0(c.given["index_q"].rows(rows), FP4_BLOCK).y  # [n, H, D]
+            wts = head_weights(self._x_rows(c, rows)[None], w.indexer.weights_proj, D, H)[0]  # [n, H]
+            out = torch.empty(rows.numel(), T, dtype=torch.bfloat16)
+            for bi in torch.unique(rows // c.S).tolist():
+                mine = (rows // c.S) == bi
+                s, scale = index_scores_with_terms(q[mine][None], keys[bi:bi + 1, :T], wts[mine][None])
+                out[mine], terms[rows[mine]] = s[0], scale[0]
+            visible = torch.arange(T)[None, :] < self._lens(c, rows)[:, None]
+            return out.masked_fill(~visible, NINF)
+
+        terms_name = c.name("index_scores_terms")
+        self._intermediate(c, "index_scores", (self.b, c.S, T), torch.bfloat16, scores, ("index_q", "index_k_seen"),
+                           extra=lambda rows, values: {terms_name: terms.reshape(self.b, c.S, T)})
+        offset = window_part_length(c.start, c.S, cfg.window_size)
+        if role.candidate_source is not None:
+            c.given["candidates_seen"] = self.calls[(c.step, role.candidate_source)].given["candidates"]
+
+        def masked(rows):
+            s = c.given["index_scores"].rows(rows)  # [n, T] bf16, -inf where invisible
+            seen = c.given.get("candidates_seen")
+            return s if seen is None else s.masked_fill(~seen.rows(rows), NINF)
+
+        def ids(rows):
+            return select_topk(masked(rows)[None], self._lens(c, rows), cfg.index_topk, offset).ids[0]
+
+        def ranked(rows):
+            """The scores the selection ranked ([b, S, offset + T], the ids index them), the golden's
+            with the rows `rows` recomputed from the given scores."""
+            golden = self.aux[c.name("scores")]
+            if not rows.numel():
+                return golden
+            front = torch.full((rows.numel(), offset), NINF, dtype=golden.dtype)
+            return assemble(golden, rows, torch.cat([front, masked(rows).to(golden.dtype)], -1), 2)
+
+        c.ranked = ranked
+        inputs = ("index_scores",) + (("candidates_seen",) if role.candidate_source is not None else ())
+        self._output(c, "compressed_ids", ids, inputs, extra=lambda rows, values: {c.name("scores"): ranked(rows)})
+        if role.is_candidate_source:
+            def blocks(rows):
+                return select_candidate_blocks(c.given["index_scores"].rows(rows)[None], self._lens(c, rows),
+                                               cfg.candidate_topk_blocks, cfg.candidate_block_size).mask[0]
+
+            self._output(c, "candidates", blocks, ("index_scores",))
+
+    def _reused_ids(self, c: Call) -> None:
+        """A Reuse layer attends its index source's selection as that source returned it (exactly)."""
+        source = self.calls[(c.step, c.role.index_source)]
+        c.given["source_ids"] = source.given["compressed_ids"]
+        def ranked(rows, values):
+            scores = source.ranked(rows)
+            return {} if scores is None else {c.name("scores"): scores}
+
+        self._output(c, "compressed_ids", c.given["source_ids"].rows, ("source_ids",), extra=ranked)
+
+    def _kv_all(self, c: Call, bi: int) -> torch.Tensor:
+        """bf16 [n, hd]: the rows call `c` attends for sequence `bi`: its window part, then the
+        compressed rows it sees (docs/attention.md), as the chain knows them."""
+        cfg, S, win = self.cfg, c.S, self.cfg.window_size
+        written = c.given["window_rows"].full[bi]  # [n, hd], positions max(start, end - win) .. end - 1
+        n = written.shape[0]
+        if c.start > 0 and S == 1:
+            part = self.rings[c.layer][bi]
+        else:
+            rows = torch.arange(S - n) + bi * S  # positions the ring no longer holds
+            early = nx.fp8_qdq_ue8m0(c.given["kv"].rows(rows), FP8_BLOCK).y if rows.numel() else written[:0]
+            chunk = torch.cat([early, written])
+            part = chunk if c.start == 0 else torch.cat([c.given["ring_before"].full[bi], chunk])
+        if not c.role.ratio:
+            return part
+        T = c.end // c.role.ratio
+        seen = self.caches[c.layer] if c.role.is_kv_source else c.given["kv_seen"].full
+        return torch.cat([part, seen[bi, :T]])
+
+    def _o(self, c: Call) -> None:
+        w, cfg = self._w(c), self.cfg
+        h, hd, rd = cfg.n_heads, cfg.head_dim, cfg.rope_head_dim
+        lanes = step_window_ids(c.start, c.S, cfg.window_size)
+
+        def compute(rows):
+            q = project(c.given["qr"].rows(rows), w.wq_b).unflatten(-1, (h, hd))
+            freqs = self._freqs(c, rows)
+            q = apply_rotary(q[None], freqs, rd)[0]  # [n, h, hd]
+            ids_given = c.given.get("compressed_ids")
+            comp = ids_given.rows(rows) if ids_given is not None else torch.zeros(rows.numel(), 0, dtype=torch.int32)
+            ids = torch.cat([lanes[rows % c.S], comp.to(torch.int32)], -1)
+            out = torch.empty(rows.numel(), h, hd, dtype=torch.bfloat16)
+            for bi in torch.unique(rows // c.S).tolist():
+                mine = (rows // c.S) == bi
+                kv = self._kv_all(c, bi)
+                out[mine] = sparse_attn(q[mine][None], kv[None], w.attn_sink, ids[mine][None], cfg.softmax_scale)[0]
+            return apply_rotary(out[None], freqs, rd, inverse=True)[0]
+
+        inputs = ("qr", "kv", "window_rows") + (("compressed_ids",) if c.role.ratio else ())
+        self._intermediate(c, "o", (self.b, c.S, h, hd), torch.bfloat16, compute, inputs)
+
+    def _z(self, c: Call) -> None:
+        w, cfg = self._w(c), self.cfg
+
+        def compute(rows):
+            return output_rank(c.given["o"].rows(rows), w.wo_a, cfg)
+
+        self._intermediate(c, "z", (self.b, c.S, cfg.o_groups * cfg.o_lora_rank), torch.bfloat16, compute, ("o",))
+
+    def _out(self, c: Call) -> None:
+        w = self._w(c)
+        self._output(c, "out", lambda rows: project(c.given["z"].rows(rows), w.wo_b), ("z",))
+

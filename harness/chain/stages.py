@@ -1,0 +1,167 @@
+"""Judging one stage of a chain, and what a stage hands to the stages after it.
+
+A stage is one output or intermediate of one call. Its rows that equal the golden's (the stored
+tensor, or the reference's row digests for an intermediate the golden does not hold) pass as they
+are: they are the reference's own values. The other rows are rederived: the reference re-run on
+the values the implementation itself fed that stage (its intermediates and earlier outputs, where
+they passed), so a difference inherited from a quantisation or selection decision upstream is not
+charged to this stage. The whole output is then judged by its one policy against that expected
+tensor. What the stage hands downstream is the implementation's own value, failing or not (so a
+bug is reported once, at the stage that holds it, and what follows is judged given it); only a
+value of the wrong dtype or shape, or one not returned, is replaced by the reference's.
+
+`Lazy` holds a stage the implementation did not return: the reference, computed row by row only
+for the rows a later stage asks for. Pure functions of tensors otherwise; no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..compare import OutputVerdict
+
+# (recorded name, expected, actual, extra context for the comparator) -> the verdict by the
+# output's configured policy (the runner binds the config, the implementation's flags, params)
+Judge = Callable[[str, torch.Tensor, Any, dict[str, torch.Tensor]], OutputVerdict]
+
+
+@dataclass
+class StageVerdict:
+    """One judged output or intermediate, with what it was judged given."""
+
+    name: str  # as recorded: `s00.l1.index_scores`
+    verdict: OutputVerdict
+    given: tuple[str, ...] = ()  # the implementation's own values its reference was rederived from
+    assumed: tuple[str, ...] = ()  # values it did not return (or that failed): the reference's stood in
+    rederived_rows: int = 0  # rows recomputed from them (0: every row equals the golden's)
+    hint: str = ""  # for an unexplained difference: what to return so the harness can attribute it
+    intermediate: bool = False
+
+    @property
+    def explained(self) -> bool:
+        return explained(self.verdict)
+
+
+@dataclass
+class ChainJudgement:
+    """Every output's and intermediate's verdict, in chain order (step, layer, stage)."""
+
+    verdicts: list[StageVerdict] = field(default_factory=list)
+    flips: int = 0  # decisions inside the computation found to have flipped at a rounding boundary
+    flip_example: str = ""
+
+    def first_divergent(self) -> StageVerdict | None:
+        return next((v for v in self.verdicts if not v.verdict.ok), None)
+
+
+def explained(verdict: OutputVerdict) -> bool:
+    """Whether every difference of this verdict is one the harness explains (accepted or merely
+    refused by an opt-in flag: tie order, near ties, boundary flips under strict_boundaries), so
+    the implementation's value can stand as the input of what follows."""
+    if verdict.ok:
+        return True
+    m = verdict.metrics
+    if not m:  # wrong dtype, shape or type
+        return False
+    if "rows_miss" in m and m.get("rows_exact") is not None:
+        return m["rows_miss"] == 0 and not m.get("rows_unordered")
+    if "scale_flips" in m:  # quantised
+        return m.get("mismatched", 1) == 0
+    return False
+
+
+def rows_of(t: torch.Tensor, lead: int) -> torch.Tensor:
+    """The tensor with its first `lead` dims flattened into one row axis."""
+    rows = 1
+    for n in t.shape[:lead]:
+        rows *= int(n)
+    return t.reshape(rows, *t.shape[lead:])
+
+
+def differing(actual: torch.Tensor, golden: torch.Tensor, lead: int) -> torch.Tensor:
+    """bool [rows]: rows whose bits differ (same dtype and shape)."""
+    a, g = rows_of(actual, lead), rows_of(golden, lead)
+    if a.dtype.is_floating_point:
+        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        a, g = a.contiguous().view(width), g.contiguous().view(width)
+    elif a.dtype == torch.bool:
+        a, g = a.to(torch.uint8), g.to(torch.uint8)
+    if a.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.bool)
+    return (a != g).reshape(a.shape[0], -1).any(-1)
+
+
+def assemble(base: torch.Tensor, rows: torch.Tensor, values: torch.Tensor, lead: int) -> torch.Tensor:
+    """`base` with the given flat rows replaced by `values` (a new tensor)."""
+    out = rows_of(base, lead).clone()
+    if rows.numel():
+        out[rows] = values.to(out.dtype)
+    return out.reshape(base.shape)
+
+
+def attribute_problem(actual: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> bool:
+    return not (isinstance(actual, torch.Tensor) and actual.dtype == dtype and tuple(actual.shape) == tuple(shape)
+                and actual.device.type == "cpu")
+
+
+class Lazy:
+    """A stage the implementation did not return (or returned wrong): the reference, row by row.
+
+    `compute(rows)` gives the reference's values of the flat rows `rows` (int64 [n]) from the
+    given inputs; each row is computed at most once.
+    """
+
+    def __init__(self, count: int, compute: Callable[[torch.Tensor], torch.Tensor]):
+        self.count, self.compute = count, compute
+        self.values: torch.Tensor | None = None
+        self.known = torch.zeros(count, dtype=torch.bool)
+
+    def rows(self, rows: torch.Tensor) -> torch.Tensor:
+        missing = rows[~self.known[rows]]
+        if missing.numel():
+            missing = torch.unique(missing)
+            fresh = self.compute(missing)
+            if self.values is None:
+                self.values = torch.zeros((self.count, *fresh.shape[1:]), dtype=fresh.dtype)
+            self.values[missing] = fresh
+            self.known[missing] = True
+        if self.values is None:  # nothing asked yet and nothing computed: an empty request
+            return self.compute(rows)
+        return self.values[rows]
+
+
+class Given:
+    """A stage's value as the stages after it receive it: a full tensor (by flat row), or `Lazy`.
+    `own`: the implementation's value (else the reference's stood in); `passed`: its verdict had no
+    unexplained difference."""
+
+    def __init__(self, name: str, full: torch.Tensor | None = None, lazy: Lazy | None = None,
+                 own: bool = False, passed: bool = True):
+        self.name, self.full, self.lazy, self.own, self.passed = name, full, lazy, own, passed
+
+    def rows(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.full is not None:
+            return self.full[rows]
+        return self.lazy.rows(rows)
+
+
+def judge_rows(judge: Judge, name: str, actual: torch.Tensor, base: torch.Tensor, differ: torch.Tensor,
+               reference: Callable[[torch.Tensor], torch.Tensor], lead: int,
+               extra: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]] | None = None
+               ) -> tuple[OutputVerdict, torch.Tensor, int]:
+    """(verdict, expected, rows rederived) for one stage whose differing rows are rederived.
+
+    base: the golden's tensor, or the actual one where the golden holds only digests (rows that
+    do not differ are then the reference's by construction); differ: bool [rows]; reference(rows)
+    -> the reference's values of those rows given the implementation's inputs; extra(rows, values)
+    -> aux tensors the comparator needs for them (term scales, the scores a selection ranked).
+    """
+    rows = differ.nonzero().flatten()
+    values = reference(rows) if rows.numel() else None
+    expected = assemble(base, rows, values, lead) if rows.numel() else base
+    context = extra(rows, values) if extra is not None else {}
+    return judge(name, expected, actual, context), expected, int(rows.numel())
