@@ -26,11 +26,13 @@ test: install
 	$(PY) -m pytest -n auto -q
 
 # The production tier (docs/tiers.md): rebuild every case to its pinned SHA-256, build the
-# goldens locally, and run the reference over them (a few minutes; not part of `make test`).
+# goldens locally, run the reference over them, then the production gates and mutants of
+# tests/test_production_chain.py (about an hour on 2 cores; not part of `make test`).
 test-production: install
 	$(VENV)/bin/conformance generate --tier production --check
 	$(VENV)/bin/conformance generate --tier production
 	$(VENV)/bin/conformance run --impl reference --tier production --report-dir reports/production
+	$(PY) -m pytest -q -m production tests/test_production_chain.py
 
 # Headless Chromium for tests/test_report_browser.py (Debian; the test skips, saying so, without it).
 browser:

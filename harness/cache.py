@@ -20,6 +20,8 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy
+
 NAME = "v41-conformance"
 
 
@@ -43,14 +45,18 @@ def _path(kind: str, key: str) -> Path | None:
     return root / kind / key[:2] / key
 
 
-def read(kind: str, sha256: str, key: str | None = None) -> bytes | None:
+def read(kind: str, sha256: str, key: str | None = None) -> memoryview | None:
     """The cached bytes whose SHA-256 is `sha256` (stored under `key`, by default the digest
-    itself), or None when absent, unreadable or damaged."""
+    itself), or None when absent, unreadable or damaged. A writable buffer read straight from the
+    file (no zero-filled copy first): a tensor may wrap it as is, `bytes()` of it is the data."""
     path = _path(kind, key or sha256)
     if path is None:
         return None
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as fh:
+            data = memoryview(numpy.empty(os.fstat(fh.fileno()).st_size, dtype=numpy.uint8))
+            if fh.readinto(data) != len(data):
+                return None
     except OSError:
         return None
     if hashlib.sha256(data).hexdigest() != sha256:

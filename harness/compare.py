@@ -54,19 +54,33 @@ def compare_output(
     problem = _attribute_problem(expected, actual)
     if problem:
         return OutputVerdict(name, False, f"output '{name}': {problem}")
+    if torch.equal(_bits(expected), _bits(actual)):  # bit-identical: skip the element-wise work
+        return identical_verdict(name, expected, policy)
     if policy.kind == "exact":
         return _compare_exact(name, expected, actual)
     if policy.kind == "quantised":
         return _compare_quantised(name, expected, actual, policy, context or {}, params or {})
-    if policy.tolerant and torch.equal(_bits(expected), _bits(actual)):
-        # bit-identical: every bound holds with zero error; skip the element-wise work
-        zero = {"numel": expected.numel(), "mismatched": 0, "max_abs_err": 0.0, "max_ulps": 0.0, "rel_l2": 0.0,
-                "diff_fraction": 0.0, "bound_used": 0.0,
-                "ulps_headroom": 0.0 if policy.ulps else None, "rel_l2_headroom": 0.0 if policy.rel_l2 else None}
-        return OutputVerdict(name, True, metrics=zero)
     if policy.kind == "index":
         return _compare_index(name, expected, actual, policy, context or {}, params or {})
     return _compare_tolerant(name, expected, actual, policy, context or {}, params or {})
+
+
+def identical_verdict(name: str, expected: torch.Tensor, policy: Policy) -> OutputVerdict:
+    """The verdict of an output bit-identical to the expected one: every bound holds with zero error
+    (the reference's ids passed their invariants when the golden was generated)."""
+    if policy.kind == "exact":
+        return OutputVerdict(name, True, metrics={"mismatched": 0, "numel": expected.numel()})
+    if policy.kind == "quantised":
+        return OutputVerdict(name, True, metrics={"mismatched": 0, "numel": expected.numel(), "boundary_flips": 0,
+                                                  "scale_flips": 0})
+    if policy.kind == "index":
+        rows = math.prod(expected.shape[:-1]) if expected.dim() else 1  # [b, S, 0] ids: b*S empty rows
+        return OutputVerdict(name, True, metrics={"rows": rows, "rows_exact": rows, "rows_tie": 0, "rows_near_tie": 0,
+                                                  "rows_miss": 0})
+    return OutputVerdict(name, True, metrics={
+        "numel": expected.numel(), "mismatched": 0, "max_abs_err": 0.0, "max_ulps": 0.0, "rel_l2": 0.0,
+        "diff_fraction": 0.0, "bound_used": 0.0, "ulps_headroom": 0.0 if policy.ulps else None,
+        "rel_l2_headroom": 0.0 if policy.rel_l2 else None})
 
 
 def _attribute_problem(expected: torch.Tensor, actual: Any) -> str:
@@ -165,49 +179,65 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     e = expected.double()
     a = actual.double()
     lines: list[str] = []
-    # 1. masks: NaN, +inf, -inf and sentinel positions must agree exactly.
-    masks = {"NaN": (torch.isnan(e), torch.isnan(a)), "+inf": (e == float("inf"), a == float("inf")),
-             "-inf": (e == float("-inf"), a == float("-inf"))}
-    for value in policy.sentinels:
-        masks[f"sentinel {value:g}"] = (e == value, a == value)
+    # 1. masks: NaN, +inf, -inf and sentinel positions must agree exactly (skipped, with the masks'
+    # other passes, when both sides are finite everywhere and no value is a sentinel).
+    plain = not policy.sentinels and bool(torch.isfinite(expected).all()) and bool(torch.isfinite(actual).all())
     mask_failures = 0
-    for label, (me, ma) in masks.items():
-        bad = me != ma
-        if bool(bad.any()):
-            mask_failures += int(bad.sum())
-            first = tuple(bad.nonzero()[0].tolist())
-            lines.append(
-                f"  {label} positions differ at {int(bad.sum())} element(s); first at {list(first)}: "
-                f"actual {_fmt(actual[first])}, expected {_fmt(expected[first])}"
-            )
-    finite = torch.isfinite(e) & torch.isfinite(a)
-    for value in policy.sentinels:
-        finite &= e != value
-    diff = torch.where(finite, (a - e).abs(), torch.zeros_like(e))
+    if plain:
+        finite = None
+        diff = (a - e).abs()
+    else:
+        masks = {"NaN": (torch.isnan(e), torch.isnan(a)), "+inf": (e == float("inf"), a == float("inf")),
+                 "-inf": (e == float("-inf"), a == float("-inf"))}
+        for value in policy.sentinels:
+            masks[f"sentinel {value:g}"] = (e == value, a == value)
+        for label, (me, ma) in masks.items():
+            bad = me != ma
+            if bool(bad.any()):
+                mask_failures += int(bad.sum())
+                first = tuple(bad.nonzero()[0].tolist())
+                lines.append(
+                    f"  {label} positions differ at {int(bad.sum())} element(s); first at {list(first)}: "
+                    f"actual {_fmt(actual[first])}, expected {_fmt(expected[first])}"
+                )
+        finite = torch.isfinite(e) & torch.isfinite(a)
+        for value in policy.sentinels:
+            finite &= e != value
+        diff = torch.where(finite, (a - e).abs(), torch.zeros_like(e))
     tail = int(_param(params, policy.pre_tail)) if policy.pre_tail and params is not None else 0
-    ulp = ulp_of(rope_magnitude(torch.where(finite, e, torch.zeros_like(e)), tail), fmt) if tail else ulp_of(e, fmt)
-    ulps = torch.where(finite, diff / ulp, torch.zeros_like(e))
-    scale = float(torch.where(finite, e.abs(), torch.zeros_like(e)).max()) if e.numel() else 0.0
+    ulp = ulp_of(expected, fmt)
+    if tail:  # the rotated channels: ulps of the RoPE pair's norm
+        pairs = e[..., -tail:] if finite is None else torch.where(finite, e, torch.zeros_like(e))[..., -tail:]
+        ulp[..., -tail:] = ulp_of(rope_magnitude(pairs, tail), fmt)
+    ulps = diff / ulp if finite is None else torch.where(finite, diff / ulp, torch.zeros_like(e))
+    if finite is None:
+        scale = float(expected.abs().max()) if e.numel() else 0.0
+    else:
+        scale = float(torch.where(finite, e.abs(), torch.zeros_like(e)).max()) if e.numel() else 0.0
     argument_allowance = _argument_allowance(expected, policy, context)
     own = policy.ulps * ulp + policy.atol + policy.atol_rel * scale + argument_allowance
     bound = own + _term_allowance(expected, policy, context)
-    over = finite & (diff > bound)
+    over = diff > bound if finite is None else finite & (diff > bound)
     over_count = int(over.sum())
     # Elements inside the bound only thanks to the term allowance: one intermediate term rounded
     # the other way. Counted (and shown in every report) like the quantisers' boundary flips.
-    term_flips = int((finite & (diff > own) & ~over).sum()) if policy.terms and policy.term_ulps else 0
-    ef = torch.where(finite, e, torch.zeros_like(e))
-    ref_norm = float(ef.norm())
+    term_flips = int(((diff > own) & ~over).sum()) if policy.terms and policy.term_ulps else 0
+    ref_norm = float((e if finite is None else torch.where(finite, e, torch.zeros_like(e))).norm())
     # rel L2 judges the error the argument's rounding does not explain: at large angles one fp32
     # ulp of the argument is a large step of cos and sin for every correct implementation alike.
-    err_norm = float((diff - argument_allowance).clamp_min(0.0).norm())
+    beyond = diff if isinstance(argument_allowance, float) and argument_allowance == 0.0 else \
+        (diff - argument_allowance).clamp_min(0.0)
+    err_norm = float(beyond.norm())
     rel_l2 = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
     max_ulps = float(ulps.max()) if ulps.numel() else 0.0
-    counted = int(finite.sum())
+    counted = expected.numel() if finite is None else int(finite.sum())
     differing = int((diff > 0).sum()) + mask_failures
     diff_fraction = differing / max(counted + mask_failures, 1)
     max_abs = float(diff.max()) if diff.numel() else 0.0
-    used = torch.where(bound > 0, diff / torch.where(bound > 0, bound, 1.0), torch.where(diff > 0, float("inf"), 0.0))
+    if isinstance(bound, torch.Tensor) and bool((bound > 0).all()):
+        used = diff / bound
+    else:
+        used = torch.where(bound > 0, diff / torch.where(bound > 0, bound, 1.0), torch.where(diff > 0, float("inf"), 0.0))
     bound_used = float(used.max()) if used.numel() else 0.0
     metrics = {
         "numel": expected.numel(),
@@ -229,11 +259,12 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     if ok:
         return OutputVerdict(name, True, _term_flips_note(name, expected, actual, diff, own, term_flips, policy, context),
                              metrics)
-    metrics["ulps_histogram"] = ulps_histogram(ulps[finite])
+    metrics["ulps_histogram"] = ulps_histogram(ulps if finite is None else ulps[finite])
     header = [f"output '{name}': not close ({policy.describe()})"]
     if over_count:
         header.append(_mismatch_count(over_count, expected.numel()))
-        worst = tuple(int(i) for i in torch.unravel_index(torch.argmax(torch.where(over, diff / bound.clamp_min(1e-300), torch.zeros_like(e))), e.shape)) if e.dim() else ()
+        ratio = torch.where(over, diff / torch.as_tensor(bound).clamp_min(1e-300), torch.zeros_like(e))
+        worst = tuple(int(i) for i in torch.unravel_index(torch.argmax(ratio), e.shape)) if e.dim() else ()
         header.append(
             f"  worst element {list(worst)}: actual {_fmt(actual[worst])}, expected {_fmt(expected[worst])}, "
             f"|diff| {float(diff[worst]):.3g} = {float(ulps[worst]):.3g} ulp (allowed {float(bound[worst]):.3g})"
@@ -315,11 +346,6 @@ def _compare_index(
 ) -> OutputVerdict:
     from .index_verdict import classify_index_rows
 
-    if torch.equal(expected, actual):
-        # identical to the reference, whose ids passed the invariants when it was generated
-        rows = math.prod(expected.shape[:-1]) if expected.dim() else 1  # [b, S, 0] ids: b*S empty rows
-        return OutputVerdict(name, True, metrics={"rows": rows, "rows_exact": rows, "rows_tie": 0,
-                                                  "rows_near_tie": 0, "rows_miss": 0})
     if policy.scores is None or policy.scores not in context:
         verdict = _compare_exact(name, expected, actual)
         verdict.metrics["rows_exact"] = None

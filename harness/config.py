@@ -33,6 +33,9 @@ IMPL_KEYS = {"python", "command", "batch", "kind", "device", "expectations", "to
 
 
 TIERS = ("small", "production")  # production: built locally, pinned by SHA-256 (docs/tiers.md)
+# The production tier's cases run for minutes (its attention case: about two on 2 cores for the
+# reference itself): its default timeout per case is at least this; --timeout overrides it.
+PRODUCTION_TIMEOUT = 1200.0
 
 
 @dataclass
@@ -56,7 +59,8 @@ class Config:
             raise UsageError(f"--tier {tier!r}: expected one of {', '.join(TIERS)}")
         if tier == "small":
             return self
-        return replace(self, goldens=self.goldens / tier, cases=self.cases / tier, tier=tier)
+        return replace(self, goldens=self.goldens / tier, cases=self.cases / tier, tier=tier,
+                       timeout=max(self.timeout, PRODUCTION_TIMEOUT))
 
     @property
     def generate_command(self) -> str:
@@ -70,15 +74,20 @@ class Config:
         `dtype`, the output's dtype, picks the tolerance kind of a float output: an fp32 output
         is judged by the f32 policy even where the component declares bf16 (and vice versa).
         """
+        own = (tuple(bool(impl.get(flag)) for flag in IMPL_FLAGS),
+               repr((impl.get("tolerances") or {}).get(component.name))) if impl else None
+        by_name = (component.name, output, dtype, own)  # the per-call fast path: a case judges thousands
+        cached = self._policies.get(by_name)
+        if cached is not None:
+            return cached
         spec = component.output_spec(output)
         if spec.kind in FLOAT_KINDS and dtype in DTYPE_KINDS:
             spec = replace(spec, kind=DTYPE_KINDS[dtype])
-        own = (tuple(bool(impl.get(flag)) for flag in IMPL_FLAGS),
-               repr((impl.get("tolerances") or {}).get(component.name))) if impl else None
         key = (component.name, spec, own)
         cached = self._policies.get(key)
         if cached is None:
             cached = self._policies[key] = self._resolve(component, spec, impl)
+        self._policies[by_name] = cached
         return cached
 
     def boundary_policy(self, component: Component, impl: dict[str, Any] | None = None) -> Policy:

@@ -68,7 +68,8 @@ class CaseExecutor:
         executor._manifest_error = problem
         return executor
 
-    def run(self, case_id: str) -> CaseResult:
+    def run(self, case_id: str, on_executed=None) -> CaseResult:
+        """`on_executed`: see `runner.run_case` (an isolation child reports the implementation done)."""
         if case_id not in self.manifest:
             self._reread_manifest()  # a golden written after this run started (conformance fuzz shrinking)
         if self._manifest_error:
@@ -79,7 +80,8 @@ class CaseExecutor:
         if self.isolate:
             return self._isolated(case_id)
         with capture.capture_fds(output) if output else contextlib.nullcontext():
-            result = run_case(case_id, self.config, self.impl(), self.spec.name, self.manifest, self.spec.conf)
+            result = run_case(case_id, self.config, self.impl(), self.spec.name, self.manifest, self.spec.conf,
+                              on_executed)
         capture.attach(result, capture.read_text(output))
         return result
 

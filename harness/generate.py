@@ -29,6 +29,7 @@ from .golden import (
 )
 from . import cache, regenerated
 from .registry import Component, get
+from .chain.digest import CASE_DIGEST, case_digest, digests
 from .runner import golden_context
 
 SCALE = 1.0 + 2.0 ** -6
@@ -65,8 +66,13 @@ def build_golden(spec: CaseSpec, config: Config) -> Golden:
         outputs = component.execute(component.reference, inputs, dict(spec.params))
         aux = component.aux(frozen, dict(spec.params), outputs) if component.aux else {}
     # The reference also returns its intermediates (it is an implementation too); a golden holds
-    # what judges them (aux: digests or the values), never as outputs to return.
-    outputs = {k: v for k, v in outputs.items() if component.intermediate_spec(k) is None}
+    # what judges them (their row digests, or the values themselves), never as outputs to return.
+    if component.intermediates:
+        aux[CASE_DIGEST] = case_digest(outputs)
+        for name in [k for k in outputs if component.intermediate_spec(k) is not None]:
+            value = outputs.pop(name)
+            kept = component.intermediate_spec(name).kept
+            aux[name if kept == "aux" else f"{name}.digest"] = value.contiguous() if kept == "aux" else digests(value, 2)
     regenerate = list(spec.build.get("regenerate") or [])
     unknown = [n for n in regenerate if n not in frozen]
     if unknown:
@@ -217,6 +223,7 @@ def _from_cache(config: Config, case_id: str, entry: dict | None, code: str) -> 
     data = cache.read(CACHE_KIND, str(entry.get("sha256")), cache.keyed(case_id, code))
     if data is None:
         return False
+    data = bytes(data)
     path = golden_path(config.goldens, case_id)
     if not (path.exists() and path.read_bytes() == data):
         _writing(path, lambda: write_atomic(path, data))

@@ -3,7 +3,8 @@
 The parent (a pytest worker) starts a child and waits for it to load the implementation (its own,
 generous limit: importing torch and a big extension on a loaded machine can take a while), then
 sends one case id at a time and waits at most the case timeout, counted from the moment the child
-receives the case.
+receives the case until the implementation has run (the child says so); the harness's judgement
+of the outputs after it has its own, generous bound (`judging_limit`), a harness problem if hit.
 - The child dies (segfault, abort, `os._exit`, out of memory): that case is `crash`, with the exit
   code or signal; a fresh child is started for the next case.
 - No answer in time: the child's whole process group is killed (SIGKILL) and the case is
@@ -35,6 +36,13 @@ from .rundir import register_child
 from .runner import CaseResult
 
 LOAD_TIMEOUT = 180.0  # seconds a fresh child may take to import torch and load the implementation
+JUDGING_MIN = 1800.0  # seconds the harness's judgement of one case's outputs may take at least
+
+
+def judging_limit(timeout: float) -> float:
+    """How long the harness's own judgement of a case may take once the implementation finished
+    (rederiving a production case's stages costs about what the reference's run of them does)."""
+    return max(JUDGING_MIN, 4 * timeout)
 
 STICKY_CUDA_MARKERS = ("CUDA error", "device-side assert", "illegal memory access", "cudaErrorIllegalAddress",
                        "unspecified launch failure", "CUBLAS_STATUS_EXECUTION_FAILED")
@@ -80,7 +88,7 @@ def _child_main(conn, run_config: dict) -> None:
             return
         case_id, output = request
         with capture.capture_fds(output) if output else contextlib.nullcontext():
-            result = executor.run(case_id)
+            result = executor.run(case_id, on_executed=lambda: conn.send(("executed", "")))
         conn.send(("result", result.to_json()))
 
 
@@ -134,10 +142,17 @@ class IsolatedWorker:
             return self._run(case_id, output)
         start = time.perf_counter()  # the case's clock starts when the child has it
         deadline = start + self.executor.timeout
+        executed = None  # when the implementation finished: the rest is the harness's judgement
         while True:
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
                 self._stop(kill=True)
+                if executed is not None:
+                    return CaseResult(case_id, component, "error",
+                                      f"the implementation ran in {executed - start:.1f} s, but the harness's judgement "
+                                      f"of its outputs did not finish within {judging_limit(self.executor.timeout):g} s "
+                                      "after it (a harness problem: please report it with this case)",
+                                      duration_s=time.perf_counter() - start)
                 return CaseResult(case_id, component, "timeout",
                                   f"no result after {self.executor.timeout:g} s; the worker's process group was killed "
                                   "and a fresh worker took the next case (raise --timeout if the case is just slow)",
@@ -151,6 +166,10 @@ class IsolatedWorker:
                     kind, payload = child.conn.recv()
                 except (EOFError, OSError):
                     return self._crashed(child, case_id, component, start)
+                if kind == "executed":  # the timeout covers the implementation, not the judgement
+                    executed = time.perf_counter()
+                    deadline = executed + judging_limit(self.executor.timeout)
+                    continue
                 result = CaseResult.from_json(payload)
                 if any(m in result.message for m in STICKY_CUDA_MARKERS):
                     result.message += "\n(the worker was restarted after this CUDA error)"

@@ -44,7 +44,7 @@ def _cached(want: dict) -> torch.Tensor | None:
     if data is None or not data:
         return None
     try:
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(want["shape"])
+        return torch.frombuffer(data, dtype=torch.uint8).view(dtype).reshape(want["shape"])
     except (RuntimeError, ValueError):
         return None
 

@@ -122,6 +122,8 @@ class OutputSpec:
     pre_tail: str | None = None  # params path of the RoPE tail width (ulps of the pair's norm there)
     when: str = ""  # present only under this condition ("an index source"); always when empty
     feeds: str = ""  # intermediates: the decision this value is the input of (docs/verdicts.md, "The chain")
+    kept: str = "digest"  # intermediates: how the golden keeps the reference's value: its row digests
+    # (aux `<name>.digest`, harness/chain/digest.py) or, where small, the value itself ("aux": aux `<name>`)
 
     def base_policy(self) -> Policy:
         return Policy(

@@ -13,14 +13,16 @@ import time
 import traceback
 from collections import ChainMap
 from pathlib import Path
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
 from . import regenerated
+from .chain.digest import CASE_DIGEST, case_digest
 from .chain.stages import StageVerdict
-from .compare import OutputVerdict, compare_output
+from .compare import OutputVerdict, compare_output, identical_verdict
 from .adapters.base import Unsupported
 from .adapters.subprocess_adapter import ImplementationError
 from .config import Config
@@ -53,6 +55,7 @@ class CaseResult:
     boundary_example: str = ""
     first_divergent_step: int | None = None
     first_divergent_stage: str = ""  # along a chain: the first output or intermediate that fails
+    chain: str = ""  # along a chain: the stages of the first call whose values differ, in order
     expectation: str = ""
     repro: str = ""
     params: dict[str, Any] = field(default_factory=dict)
@@ -79,12 +82,16 @@ def repro_command(case_id: str, impl: str) -> str:
     return f"conformance run --impl {impl} --select '{case_id}'"
 
 
-def run_case(case_id: str, config: Config, impl, impl_name: str, manifest: dict, impl_conf: dict | None = None) -> CaseResult:
+def run_case(case_id: str, config: Config, impl, impl_name: str, manifest: dict, impl_conf: dict | None = None,
+             on_executed: Callable[[], None] | None = None) -> CaseResult:
+    """The case's result. `on_executed` is called once the implementation has run, before its
+    outputs are judged (an isolation child tells its parent: the case's timeout covers the
+    implementation, not the harness's judgement)."""
     component_name, _ = split_case_id(case_id)
     result = CaseResult(case_id, component_name, "error", repro=repro_command(case_id, impl_name))
     start = time.perf_counter()
     try:
-        _run(case_id, config, impl, manifest, impl_conf or {}, result)
+        _run(case_id, config, impl, manifest, impl_conf or {}, result, on_executed)
     except GoldenError as exc:
         result.status, result.message = "error", f"golden: {exc}"
     except HarnessError as exc:
@@ -93,7 +100,8 @@ def run_case(case_id: str, config: Config, impl, impl_name: str, manifest: dict,
     return result
 
 
-def _run(case_id: str, config: Config, impl, manifest: dict, impl_conf: dict, result: CaseResult) -> None:
+def _run(case_id: str, config: Config, impl, manifest: dict, impl_conf: dict, result: CaseResult,
+         on_executed: Callable[[], None] | None = None) -> None:
     registry = components()
     if result.component not in registry:
         raise GoldenError(f"{case_id}: component {result.component!r} is not known to this harness version")
@@ -101,11 +109,11 @@ def _run(case_id: str, config: Config, impl, manifest: dict, impl_conf: dict, re
     golden = load_verified(config.goldens, case_id, manifest, config.generate_command)
     regenerated.restore(golden, component)
     result.golden_sha256 = golden.sha256
-    judge_golden(component, golden, impl, config, impl_conf, result)
+    judge_golden(component, golden, impl, config, impl_conf, result, on_executed)
 
 
 def judge_golden(component: Component, golden: Golden, impl, config: Config, impl_conf: dict,
-                 result: CaseResult) -> None:
+                 result: CaseResult, on_executed: Callable[[], None] | None = None) -> None:
     """Run `impl` on one golden (from a file or built in memory) and record the verdict in `result`."""
     try:
         supported = bool(impl.supports(component.name))
@@ -118,6 +126,8 @@ def judge_golden(component: Component, golden: Golden, impl, config: Config, imp
     params = golden.meta["params"]
     result.params = {k: v for k, v in params.items() if not isinstance(v, (list, dict)) or k == "schedule"}
     actual = _execute(component, impl, golden, params, result)
+    if on_executed is not None:
+        on_executed()
     if actual is None:
         return
     _judge(component, golden, actual, params, config, impl_conf, result)
@@ -170,7 +180,8 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
         return
     failures, attribute_errors = [], []
     first_step = None
-    for stage in _verdicts(component, golden, actual, params, config, impl_conf, result):
+    stages = _verdicts(component, golden, actual, params, config, impl_conf, result)
+    for stage in stages:
         name, verdict = stage.name, stage.verdict
         policy = config.policy(component, name, impl_conf, dtype=_dtype_of(golden, name, actual))
         result.outputs[name] = {"ok": verdict.ok, "policy": policy.describe(), **verdict.metrics, **_chain_fields(stage)}
@@ -192,6 +203,7 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
             first_step = step
     result.first_divergent_step = first_step
     result.metrics = summarise_metrics(result.outputs)
+    result.chain = chain_summary(stages) if component.chain is not None else ""
     if attribute_errors:
         result.status = "error"
         result.message = "\n".join(attribute_errors + failures)
@@ -200,12 +212,12 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
         head = f"first divergent step: {first_step}\n" if first_step is not None else ""
         if result.first_divergent_stage:
             head += f"first divergent stage: {result.first_divergent_stage}\n"
-        result.message = head + "\n".join(failures)
+        result.message = head + "\n".join(failures) + (f"\n{result.chain}" if result.chain else "")
     else:
         result.status = "pass"
         accepted = [f"{getattr(result, d.count)} {d.what}" for d in DIFFERENCES if getattr(result, d.count)]
-        if accepted:
-            result.message = "; ".join(accepted) + " (accepted by policy)"
+        lines = ["; ".join(accepted) + " (accepted by policy)"] if accepted else []
+        result.message = "\n".join(lines + ([result.chain] if result.chain else []))
 
 
 def _verdicts(component: Component, golden: Golden, actual: dict, params: dict, config: Config, impl_conf: dict,
@@ -214,6 +226,11 @@ def _verdicts(component: Component, golden: Golden, actual: dict, params: dict, 
     along the component's chain where it has one, else by name against the golden as stored (or
     conditioned on the boundary flips its `rederive` hook finds)."""
     if component.chain is not None:
+        stored = golden.aux.get(CASE_DIGEST)
+        if stored is not None and torch.equal(case_digest(actual), stored):  # the reference's every value
+            return [StageVerdict(name, identical_verdict(name, value, config.policy(component, name, impl_conf,
+                                                                                     dtype=value.dtype)),
+                                 intermediate=name not in golden.outputs) for name, value in sorted(actual.items())]
         context = golden_context(golden)
 
         def judge(name: str, expected: torch.Tensor, value, extra: dict) -> OutputVerdict:
@@ -271,6 +288,33 @@ def _given_lines(stage: StageVerdict) -> str:
     if stage.hint:
         lines.append(f"  to settle it: {stage.hint}")
     return "".join("\n" + line for line in lines)
+
+
+def chain_summary(stages: list[StageVerdict]) -> str:
+    """The chain of the call that holds the first failure (else of the first call whose values differ
+    from the golden's): each of its stages in order with what it was judged given, e.g. "chain at
+    s00.l1: qr: 19 row(s) differ ... -> index_q given your qr: ... -> out given your z: as the golden"."""
+    first = next((s for s in stages if not s.verdict.ok and s.name.count(".") >= 2), None) or \
+        next((s for s in stages if s.rederived_rows and s.name.count(".") >= 2), None)
+    if first is None:
+        return ""
+    call = first.name.rsplit(".", 1)[0]
+    steps = [s for s in stages if s.name.rsplit(".", 1)[0] == call]
+    parts = []
+    for s in steps:
+        base = s.name.rsplit(".", 1)[-1]
+        given = f" given your {', '.join(s.given)}" if s.given else ""
+        if not s.verdict.ok:
+            state = "FAILS"
+        elif s.rederived_rows:
+            used = s.verdict.metrics.get("bound_used")
+            within = f", within {used:.2g} of its bound" if isinstance(used, float) and used else ""
+            state = f"{s.rederived_rows} row(s) differ from the golden{within}"
+        else:
+            state = "as the golden"
+        parts.append(f"{base}{given}: {state}")
+    what = "the first failure" if not first.verdict.ok else "the first call whose values differ"
+    return f"chain at {call} ({what}): " + " -> ".join(parts)
 
 
 def _rederived_note(stage: StageVerdict) -> str:

@@ -18,9 +18,15 @@ Schema (version 1)::
                         rows_near_tie, boundary_flips},
               outputs: {name: {ok, policy, note (what a passing output accepted), and that
                                output's metrics; a failing tolerance output adds
-                               ulps_histogram: {edges, counts}}},
+                               ulps_histogram: {edges, counts}; along a chain (harness/chain):
+                               intermediate (a value the implementation returned at a decision
+                               point), given / assumed (the inputs it was judged given: the
+                               implementation's own, or the reference's standing in), rederived_rows,
+                               hint (what to return to settle an unattributed difference)}},
               duration_s, golden_sha256, tie_rows, tie_example, near_tie_rows, near_tie_example,
-              boundary_flips, boundary_example, first_divergent_step, expectation, repro}],
+              boundary_flips, boundary_example, first_divergent_step,
+              first_divergent_stage (along a chain: the first failing output or intermediate),
+              expectation, repro}],
      baseline: {...},            # with --baseline: the diff document (harness/diff.py)
      merged_from, floors_enforced}  # written by `conformance merge` (harness/merge.py)
 

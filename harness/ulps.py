@@ -12,11 +12,27 @@ MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23, torch.
 MIN_EXPONENT = {torch.bfloat16: -126, torch.float16: -14, torch.float32: -126, torch.float64: -1022}
 
 
+EXPONENT_FIELD = {torch.bfloat16: (torch.int16, 7, 0xFF, 127), torch.float16: (torch.int16, 10, 0x1F, 15),
+                  torch.float32: (torch.int32, 23, 0xFF, 127)}  # (bits, mantissa bits, exponent mask, bias)
+_SPACING: dict[torch.dtype, torch.Tensor] = {}
+
+
 def ulp_of(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Spacing of `dtype` at |value|, as float64; the subnormal spacing near zero.
 
+    A value held in `dtype` itself is read off its exponent field (one table lookup per element,
+    the same numbers); any other goes through frexp.
+
     Example: ulp_of(torch.tensor([1.0, 3.0]), torch.bfloat16) -> tensor([0.0078, 0.0156])
     """
+    if value.dtype == dtype and dtype in EXPONENT_FIELD:
+        bits, mantissa, mask, bias = EXPONENT_FIELD[dtype]
+        table = _SPACING.get(dtype)
+        if table is None:  # the spacing of every biased exponent; 0 (subnormals, zero) as 1
+            table = torch.tensor([2.0 ** (max(x, 1) - bias - mantissa) for x in range(mask + 1)], dtype=torch.float64)
+            _SPACING[dtype] = table
+        field = (value.contiguous().view(bits).to(torch.int32) >> mantissa) & mask
+        return table[field]
     e = value.double().abs()
     _, exp = torch.frexp(e)  # e = m * 2**exp with m in [0.5, 1)
     floor_log2 = torch.where(e == 0, float(MIN_EXPONENT[dtype]), exp.double() - 1).clamp(min=MIN_EXPONENT[dtype])

@@ -64,7 +64,7 @@ def test_classic_fp8_gemm_bugs_fail_on_the_output_they_break(tmp_path, impl, bro
 
 
 def test_attention_with_fp8_weights_fails_where_act_quant_is_skipped(tmp_path):
-    proc, doc = _run(tmp_path, f"{IMPLS}/wrong_fp8.py:AttentionSkipsActQuant", "attention*")
+    proc, doc = _run(tmp_path, f"{IMPLS}/wrong_fp8.py:AttentionSkipsActQuant", "attention/a-fp8-*,attention/a-p21-d1x11-*")
     assert proc.returncode == 1
     for case in doc["cases"]:
         fp8_case = "-fp8-" in case["id"]

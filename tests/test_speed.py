@@ -147,7 +147,7 @@ def test_the_cache_lives_in_the_users_cache_dir_and_can_be_turned_off(tmp_path, 
     assert not cache.write("inputs", digest, data) and cache.read("inputs", digest) is None
     monkeypatch.setenv("CONFORMANCE_CACHE", str(tmp_path / "c"))
     assert not cache.write("inputs", "0" * 64, data)  # bytes that are not what the key says
-    assert cache.write("inputs", digest, data) and cache.read("inputs", digest) == data
+    assert cache.write("inputs", digest, data) and bytes(cache.read("inputs", digest)) == data
 
 
 def test_a_built_golden_is_reused_only_by_the_same_code_for_the_same_pin(tmp_path, monkeypatch):

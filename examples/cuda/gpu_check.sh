@@ -10,7 +10,10 @@
 #   5. the CUDA example again with -n 2: two isolation children forked from the preloaded fork
 #      server (harness/forkserver.py) each initialise CUDA on their own;
 #   6. a sticky CUDA error in one case (tests/impls/wrong.py:StickyCudaError, --device cuda -n 2):
-#      that case fails, its child is replaced by a fresh fork, every other case passes.
+#      that case fails, its child is replaced by a fresh fork, every other case passes;
+#   7. the production tier's attention case (fp8 checkpoint, 1,030-token prefill) built locally, then
+#      run --device cuda with upstream's own torch arithmetic returning its intermediates: every
+#      output is judged along the chain (docs/verdicts.md) given the GPU's own values.
 # Each step runs under a time limit and logs to $OUT/<step>.log; a short summary comes last.
 #
 # Usage (from anywhere):  examples/cuda/gpu_check.sh
@@ -82,19 +85,22 @@ step fp8 "$PY" -m harness run --device cuda --impl tests/impls/gate_upstream.py:
 step forked "$PY" -m harness run --device cuda -n 2 --impl examples/cuda/cuda_impl.py:CudaImpl \
     --select 'quant.e2m1,quant.fp4_e4m3,quant.fp4_e8m0' --report-dir "$OUT/forked" || failed=1
 step sticky "$PY" examples/cuda/sticky_check.py "$OUT/sticky" || failed=1
+step production bash -c "'$PY' -m harness generate --tier production --select 'attention/*' && \
+    '$PY' -m harness run --device cuda --tier production --impl tests/impls/gate_upstream.py:UpstreamTorch \
+    --select 'attention/*' --timeout $LIMIT --report-dir '$OUT/production'" || failed=1
 
 echo
 echo "gpu_check summary"
 for i in "${!NAMES[@]}"; do
-    printf '  %-7s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"
+    printf '  %-10s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"
 done
-for name in cuda triton fp8 forked sticky; do
+for name in cuda triton fp8 forked sticky production; do
     if [ -f "$OUT/$name/results.json" ]; then
         "$PY" - "$OUT/$name/results.json" "$name" <<'EOF'
 import json, sys
 doc = json.load(open(sys.argv[1]))
 parts = [f"{n} {e['verdict']} {e['pass']}/{e['cases']}" for n, e in doc["components"].items()]
-print(f"  {sys.argv[2]:<7} " + "; ".join(parts))
+print(f"  {sys.argv[2]:<10} " + "; ".join(parts))
 EOF
     fi
 done

@@ -5,8 +5,9 @@ One call's stages, in order, with the decision each value is the input of:
 
     qr             q_norm(wq_a(x))                      act_quant of wq_b's input (fp8), the indexer's
     kv             RoPE(kv_norm(wkv(x)))                the window rows' fp8 QDQ
-    compress_pre   RoPE(the compressor's row)           the compressed rows' fp4 QDQ (kv sources)
-    index_k_pre    RoPE(k_norm(wk(row)))                the index keys' fp4 QDQ (key owners)
+    latent         the compressor's row, before RoPE   (kv sources; continuous: judged as it stands)
+    compress_pre   RoPE(latent)                         the compressed rows' fp4 QDQ
+    index_k_pre    RoPE(k_norm(wk(latent)))             the index keys' fp4 QDQ (key owners)
     index_q        RoPE(idx.wq_b(qr))                   the index query's fp4 round trip
     index_scores   visible scores of fp4(index_q)       top-k, candidate blocks
     o              sparse attention, inverse RoPE       (continuous: judged by sparse_attn's policy)
@@ -37,7 +38,7 @@ from ..reference.compressor import completed_groups
 from ..reference.config import AttnConfig, LayerRole, layer_roles
 from ..reference.fp8_linear import Fp8Weight, project
 from ..reference.indexer import FP4_BLOCK, head_weights, index_scores_with_terms, indexer_query, select_topk
-from ..reference.numerics import rms_norm
+from ..reference.numerics import linear_bf16, rms_norm
 from ..reference.rope import apply_rotary
 from ..reference.runtime import SLOTS
 from ..reference.sparse_attn import sparse_attn
@@ -63,6 +64,8 @@ HINTS = {
     "window_rows": ("kv", "the window rows before their fp8 QDQ"),
     "compress_rows": ("compress_pre", "the compressed rows before their fp4 QDQ"),
     "index_k_rows": ("index_k_pre", "the index keys before their fp4 QDQ"),
+    "compress_pre": ("latent", "the compressor's row before RoPE"),
+    "index_k_pre": ("latent", "the compressor's row before RoPE: one ulp of it moves a key by ulp x |wk|"),
 }
 
 
@@ -98,7 +101,6 @@ class AttentionChain:
         self.cfg = AttnConfig.from_dict(params["config"])
         self.roles = layer_roles(self.cfg)
         self.x, self.weights, self.golden, self.aux, self.actual, self.judge = x, weights, golden, aux, actual, judge
-        self.params = params
         self.schedule = [tuple(s) for s in params["schedule"]]
         self.b = int(x.shape[1])
         self.tables = {r: rope_table(self.cfg, r) for r in sorted({role.ratio for role in self.roles})}
@@ -136,6 +138,7 @@ class AttentionChain:
         role = c.role
         flags = dict(zip(SLOTS, (bool(v) for v in published)))
         if role.is_kv_source:
+            self._latent(c)
             self._cache_rows(c, "compress_pre", "compress_rows", "fp4_e4m3", self.caches)
             if role.ratio == 2:
                 self._plain(c.name("ring_pending"))
@@ -145,7 +148,8 @@ class AttentionChain:
                 self.slots["compress_kv"] = self.caches[c.layer].clone()
             if flags["index_k"] and role.owns_k:
                 self.slots["index_k"] = self.keys[c.layer].clone()
-        c.given["kv_seen"] = Given("compress_kv", self.slots.get("compress_kv"))
+        if role.ratio and not role.is_kv_source:  # the latest kv source's cache, as its publication left it
+            c.given["kv_seen"] = Given("compress_kv", self.slots["compress_kv"])
         if role.is_index_source:
             self._index_path(c)
         elif role.ratio:
@@ -207,19 +211,20 @@ class AttentionChain:
         c.given[stage] = Given(name, rows_of(actual, 2), own=True, passed=sv.explained)
         return c.given[stage]
 
-    def _output(self, c: Call, stage: str, compute, inputs: tuple[str, ...], extra=None, name: str | None = None
-                ) -> Given:
-        """An output the golden holds: rows that differ from it rederived from the given inputs."""
-        name = name or c.name(stage)
-        golden, actual = self.golden[name], self.actual.get(name)
+    def _output(self, c: Call, stage: str, compute, inputs: tuple[str, ...], extra=None,
+                golden: torch.Tensor | None = None, intermediate: bool = False) -> Given:
+        """A value the golden holds (an output, or an intermediate kept in full in aux): rows that
+        differ from it rederived from the given inputs."""
+        name = c.name(stage)
+        golden, actual = self.golden[name] if golden is None else golden, self.actual.get(name)
         own, assumed = self._inputs(c, *inputs)
         if attribute_problem(actual, golden.dtype, tuple(golden.shape)):
-            self._record(name, self.judge(name, golden, actual, {}), own, assumed)
+            self._record(name, self.judge(name, golden, actual, {}), own, assumed, intermediate=intermediate)
             c.given[stage] = Given(name, rows_of(golden, 2))
             return c.given[stage]
         differ = differing(actual, golden, 2)
         verdict, expected, n = judge_rows(self.judge, name, actual, golden, differ, compute, 2, extra)
-        sv = self._record(name, verdict, own, assumed, n, hint_for=stage)
+        sv = self._record(name, verdict, own, assumed, n, hint_for=stage, intermediate=intermediate)
         c.given[stage] = Given(name, rows_of(actual, 2), own=True, passed=sv.explained)
         return c.given[stage]
 
@@ -258,8 +263,8 @@ class AttentionChain:
         self._intermediate(c, "kv", (self.b, c.S, cfg.head_dim), torch.bfloat16, compute, ())
 
     def _window_rows(self, step: int, calls: list[Call]) -> None:
-        """The ring slots each layer wrote (stacked [L, b, n, hd]): the fp8 QDQ of the layer's own kv
-        where it returned one that passed (then exact), else boundary flips against the golden's."""
+        """The ring slots each layer wrote (stacked [L, b, n, hd]): the exact fp8 QDQ of the layer's own
+        kv where it returned one, else boundary flips against the golden's."""
         name = step_name(step, "window_rows")
         golden, pre_name = self.golden[name], step_name(step, "window_pre")
         expected, pre = golden.clone(), self.aux[pre_name].clone()
@@ -284,16 +289,47 @@ class AttentionChain:
             self.rings[c.layer][:, slots] = given[c.layer]
             c.given["window_rows"] = Given(name, given[c.layer], own=own, passed=sv.explained)
 
+    def _latent(self, c: Call) -> None:
+        """The compressor's rows this step closed, before RoPE (what kv_finish takes): judged against
+        the golden's (the compressor's own state is continuous: its ring is judged as it stands)."""
+        name = c.name("latent")
+        golden = self.aux.get(name)
+        if golden is None:
+            return
+        c.given["latent"] = Given(name, rows_of(golden, 2))
+        if name in self.actual:
+            self._output(c, "latent", lambda rows: rows_of(golden, 2)[rows], (), golden=golden, intermediate=True)
+
+    def _group_freqs(self, c: Call, rows: torch.Tensor) -> torch.Tensor:
+        """The RoPE rows of the groups written this step, by flat row (b, group): each group's first position."""
+        groups = torch.tensor(list(completed_groups(c.start, c.end, c.role.ratio)), dtype=torch.int64)
+        return self.tables[c.role.ratio][groups[rows % groups.numel()] * c.role.ratio]
+
+    def _pre_reference(self, c: Call, pre_stage: str):
+        """rows -> the reference's values before quantisation of the cache rows, from the given latent."""
+        w, cfg = self._w(c), self.cfg
+
+        def main(rows):
+            return apply_rotary(c.given["latent"].rows(rows)[None], self._group_freqs(c, rows), cfg.rope_head_dim)[0]
+
+        def index(rows):
+            key = rms_norm(linear_bf16(c.given["latent"].rows(rows), w.wk), w.k_norm, cfg.norm_eps)
+            return apply_rotary(key[None], self._group_freqs(c, rows), cfg.rope_head_dim)[0]
+
+        return main if pre_stage == "compress_pre" else index
+
     def _cache_rows(self, c: Call, pre_stage: str, rows_stage: str, fmt: str, caches: dict) -> None:
         """A kv source's cache rows written this step (compressed rows, index keys): the fp4 QDQ of its
-        own pre-quantisation rows where it returned ones that passed, else boundary flips."""
+        own values before quantisation where it returned them (judged given its latent), else
+        boundary flips against the golden's."""
         pre_name, name = c.name(pre_stage), c.name(rows_stage)
         golden_pre = self.aux[pre_name]
-        actual_pre = self.actual.get(pre_name)
         own = False
-        if actual_pre is not None:
-            self._record(pre_name, self.judge(pre_name, golden_pre, actual_pre, {}), intermediate=True)
-            own = not attribute_problem(actual_pre, golden_pre.dtype, tuple(golden_pre.shape))
+        if pre_name in self.actual:
+            given = self._output(c, pre_stage, self._pre_reference(c, pre_stage), ("latent",), golden=golden_pre,
+                                 intermediate=True)
+            own = given.own
+        actual_pre = self.actual.get(pre_name)
         golden = self.golden[name]
         pre, expected = golden_pre, golden
         if own:

@@ -1,7 +1,7 @@
 """The indexer chain: the index query before its fp4 round trip, the scores given it, the selection
 given the scores (docs/verdicts.md, "The chain").
 
-- `index_q` (optional): judged against the golden's query (`aux.q_pre`: the inputs are the golden's,
+- `index_q` (optional): judged against the golden's query (`aux.index_q`: the inputs are the golden's,
   so nothing upstream of it is the implementation's);
 - `scores`: rows that differ are rederived from the fp4 round trip of the implementation's own
   query where it returned one that passed. Without one, the reference's query stands in, and a row
@@ -39,13 +39,13 @@ def judge_indexer(inputs: dict, golden: dict, aux: dict, actual: dict, params: d
     w = head_weights(inputs["x"], inputs["weights_proj"], keys.shape[-1], H)  # [b, S, H]
 
     # index_q
-    query = Given("index_q", rows_of(aux["q_pre"], 2))
+    query = Given("index_q", rows_of(aux["index_q"], 2))
     mine = actual.get("index_q")
     if mine is not None:
-        verdict = judge("index_q", aux["q_pre"], mine, {})
+        verdict = judge("index_q", aux["index_q"], mine, {})
         stage = StageVerdict("index_q", verdict, intermediate=True)
         result.verdicts.append(stage)
-        if not attribute_problem(mine, aux["q_pre"].dtype, tuple(aux["q_pre"].shape)):
+        if not attribute_problem(mine, aux["index_q"].dtype, tuple(aux["index_q"].shape)):
             query = Given("index_q", rows_of(mine, 2), own=True, passed=stage.explained)
 
     # scores
@@ -67,7 +67,7 @@ def judge_indexer(inputs: dict, golden: dict, aux: dict, actual: dict, params: d
     def reference_scores(rows: torch.Tensor) -> torch.Tensor:
         values = scores_of(rows, query.rows(rows))
         if not query.own and boundary.accept_boundary:
-            values = _explain_by_query_flips(rows, values, rows_of(actual["scores"], 2), aux["q_pre"], keys, w,
+            values = _explain_by_query_flips(rows, values, rows_of(actual["scores"], 2), aux["index_q"], keys, w,
                                              rows_of(terms, 2), boundary, params, flips)
         return values
 

@@ -31,7 +31,6 @@ from ..registry import ParamSpec as P
 from ..registry import TensorSpec as T
 from ..schedules import parse_schedule_name, schedule_name, validate_schedule
 from ..chain.attention import AttentionChain
-from ..chain.digest import digests
 from .attention_steps import (BASE_WEIGHTS, SLOTS, call_weights, config_of, drive_layers, expected_outputs,
                               intermediate_names, is_upstream_schedule, window_part_length)
 from .build import normal
@@ -175,7 +174,7 @@ def _run_reference(inputs, params):
 def _intermediates(res, role: LayerRole) -> dict:
     """The call's values at its decision points (INTERMEDIATES), as the reference computed them."""
     d = res.dumps
-    found = {"qr": d["qr"], "kv": d["window_kv_pre"], "compress_pre": d.get("compress_pre"),
+    found = {"qr": d["qr"], "kv": d["window_kv_pre"], "latent": d.get("latent"), "compress_pre": d.get("compress_pre"),
              "index_k_pre": d.get("index_k_pre"), "index_q": d.get("index_q"),
              "index_scores": d.get("visible_scores"), "o": d["o"], "z": d["z"]}
     return {k: v for k, v in found.items() if k in intermediate_names(role) and v is not None}
@@ -191,9 +190,9 @@ def _reference_with_aux(inputs, params):
     - `sNN.lK.scores` (per compressed layer): the masked index scores its compressed ids came
       from, with `offset` leading -inf columns so the ids index them directly;
     - `sNN.window_pre` [L, b, n, hd]: the window rows the step wrote, before their fp8 QDQ;
-    - `sNN.lK.compress_pre` / `sNN.lK.index_k_pre`: the cache rows it wrote, before their fp4 QDQ
-      (the boundary verdict of window_rows, compress_rows and index_k_rows);
-    - `sNN.lK.<intermediate>.digest`: the row digests of every other intermediate (harness/chain).
+    and the generator keeps the intermediates (`INTERMEDIATES`): `sNN.lK.latent`, `compress_pre`,
+    `index_k_pre` in full (the boundary verdict of compress_rows and index_k_rows reads the last
+    two), the others as row digests `sNN.lK.<name>.digest` (harness/chain).
     """
     cfg = config_of(params)
     roles = layer_roles(cfg)
@@ -207,9 +206,6 @@ def _reference_with_aux(inputs, params):
         b, S = res.out.shape[:2]
         written = [p - start for p in range(max(start, start + S - cfg.window_size), start + S)]
         window_pre.setdefault(step, []).append(res.dumps["window_kv_pre"][:, written])
-        for name in ("compress_pre", "index_k_pre"):
-            if res.dumps.get(name) is not None:
-                aux[step_name(step, f"l{layer}.{name}")] = res.dumps[name].contiguous()
         masked = res.dumps.get("masked_scores")
         if masked is not None:
             pad = window_part_length(start, S, cfg.window_size)
@@ -217,11 +213,7 @@ def _reference_with_aux(inputs, params):
             scores[(step, layer)] = torch.cat([front, masked], -1)
         return out
 
-    outputs = drive_layers(call, inputs, params)
-    for name in [n for n in outputs if n.rsplit(".", 1)[-1] in INTERMEDIATE_NAMES]:
-        value = outputs.pop(name)
-        if name.rsplit(".", 1)[-1] not in ("compress_pre", "index_k_pre"):  # those are aux in full already
-            aux[f"{name}.digest"] = digests(value, 2)
+    outputs = drive_layers(call, inputs, params)  # with the reference's intermediates: build_golden keeps them
     for step, rows in window_pre.items():
         aux[step_name(step, "window_pre")] = torch.stack(rows).contiguous()
     for (i, layer), value in scores.items():
@@ -263,10 +255,15 @@ INTERMEDIATES = (
                feeds="act_quant of wq_b's input and of the indexer's wq_b (fp8 checkpoint)"),
     OutputSpec("kv", "bf16", "the window KV rows after RoPE, before their fp8 QDQ", "bf16", "b S hd",
                pre_tail=ROPE_TAIL, feeds="the fp8 QDQ of the window rows"),
+    OutputSpec("latent", "bf16", "the compressor's rows written this step, before RoPE (kv_finish's input)", "bf16",
+               "b G hd", when="a kv source", kept="aux",
+               feeds="RoPE and the index key's wk (no decision: a bf16 rounding)"),
     OutputSpec("compress_pre", "bf16", "the compressed rows written this step after RoPE, before their fp4 QDQ",
-               "bf16", "b G hd", when="a kv source", pre_tail=ROPE_TAIL, feeds="the fp4 e4m3 QDQ of the compressed rows"),
+               "bf16", "b G hd", when="a kv source", pre_tail=ROPE_TAIL, kept="aux",
+               feeds="the fp4 e4m3 QDQ of the compressed rows"),
     OutputSpec("index_k_pre", "bf16", "the index keys written this step after RoPE, before their fp4 QDQ", "bf16",
-               "b G D", when="a key-owning index source", pre_tail=ROPE_TAIL, feeds="the fp4 e8m0 QDQ of the index keys"),
+               "b G D", when="a key-owning index source", pre_tail=ROPE_TAIL, kept="aux",
+               feeds="the fp4 e8m0 QDQ of the index keys"),
     OutputSpec("index_q", "bf16", "the index query after RoPE, before its fp4 round trip", "bf16", "b S H D",
                when="an index source that sees compressed rows", pre_tail=ROPE_TAIL,
                feeds="the fp4 e8m0 round trip of the index query"),

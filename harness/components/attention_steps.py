@@ -17,7 +17,6 @@ layers (`comp.*`, `idx.*`, `wk`, `k_norm` for the roles that have them; `attn_si
 
 from __future__ import annotations
 
-import dataclasses
 
 import torch
 
@@ -40,7 +39,7 @@ def config_of(params: dict) -> AttnConfig:
 
 
 def role_dict(role: LayerRole) -> dict:
-    return dataclasses.asdict(role)
+    return dict(vars(role))  # its fields are plain values: a shallow copy is a fresh dict per call
 
 
 def is_upstream_schedule(schedule: list[tuple[int, int]]) -> bool:
@@ -100,7 +99,7 @@ def intermediate_names(role: LayerRole) -> tuple[str, ...]:
     judged given it."""
     names = ["qr", "kv"]
     if role.is_kv_source:
-        names.append("compress_pre")
+        names += ["latent", "compress_pre"]
     if role.owns_k:
         names.append("index_k_pre")
     if role.is_index_source:

@@ -317,17 +317,15 @@ def forward_reference(inputs: dict, params: dict) -> dict:
 
 
 def _forward_aux(inputs, params, outputs):
-    """The selection's judges (masked scores, id limits), the query before its fp4 QDQ (the
-    intermediate `index_q`'s reference) with the head weights, and the scores' head-term scales."""
+    """The selection's judges (masked scores, id limits) and the scores' head-term scales."""
     lens = _lens(params, inputs["x"].shape[1], "indexer")
-    start, heads = _int(params, "start", "indexer"), inputs["weights_proj"].shape[0]
-    freqs = _table_by_position(inputs, start)[start:]
-    q_pre = ix.indexer_query(inputs["qr"], weight_input(inputs, "wq_b"), heads, freqs, _int(params, "rope_dim", "indexer"))
-    w = ix.head_weights(inputs["x"], inputs["weights_proj"], q_pre.shape[-1], heads)
+    heads = inputs["weights_proj"].shape[0]
+    query = outputs["index_q"]  # the reference's intermediate (kept in aux as `index_q` by the generator)
+    w = ix.head_weights(inputs["x"], inputs["weights_proj"], query.shape[-1], heads)
     keys = inputs["index_k_cache"][:, : outputs["scores"].shape[-1]]
-    _, terms = ix.index_scores_with_terms(nx.fp4_qdq_e8m0(q_pre, ix.FP4_BLOCK).y, keys, w)
+    _, terms = ix.index_scores_with_terms(nx.fp4_qdq_e8m0(query, ix.FP4_BLOCK).y, keys, w)
     return {"masked_scores": _masked(outputs["scores"], lens, inputs["candidates"]),
-            "id_limit": _id_limit(lens, inputs["x"].shape[0], params), "q_pre": q_pre, "w": w, "term_scale": terms}
+            "id_limit": _id_limit(lens, inputs["x"].shape[0], params), "term_scale": terms}
 
 
 def _chain(inputs, expected, aux, actual, params, judge, boundary):
@@ -352,7 +350,7 @@ register(Component(
     ),
     intermediates=(
         OutputSpec("index_q", "bf16", "the query after RoPE, before its fp4 round trip", "bf16", "b S H D",
-                   pre_tail="rope_dim", feeds="the fp4 e8m0 round trip of the query"),
+                   pre_tail="rope_dim", kept="aux", feeds="the fp4 e8m0 round trip of the query"),
     ),
     chain=_chain,
     params=SELECT_PARAMS + (P("rope_dim", "int", "rotated trailing channels of the query"),

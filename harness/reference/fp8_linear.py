@@ -32,7 +32,7 @@ import torch
 from harness.reference import numerics as nx
 
 BLOCK = 32  # fp8_block_size (M:23-30): activation blocks and weight tiles are 32 wide
-_CHUNK_ELEMS = 1 << 21  # float64 block products computed at once (16 MB)
+_CHUNK_ELEMS = 1 << 23  # float64 block products computed at once (64 MB)
 
 
 class Fp8Weight(NamedTuple):
@@ -100,10 +100,13 @@ def fp8_gemm(x_codes: torch.Tensor, x_scales: torch.Tensor, weight: Fp8Weight) -
         raise ValueError(f"fp8_gemm: activation K {x_codes.shape[-1]} does not match the weight [{n}, {k}]")
     lead = x_codes.shape[:-1]
     nb = k // BLOCK
-    qa = e4m3_value(x_codes).reshape(-1, k).double()  # [M, K]
-    qw = e4m3_value(weight.codes).double().T.reshape(nb, BLOCK, n)  # [K/32, 32, N]: one block per matmul
-    sa = x_scales.reshape(-1, nb)  # [M, K/32]
-    sw = nx.e8m0_value(weight.scale_bytes).repeat_interleave(BLOCK, dim=0)[:n].T.contiguous()  # [K/32, N]
+    # The scales are powers of two: folded into both operands (exact in float64), each block's sum is
+    # the scaled exact sum, and its one rounding to fp32 commutes with the scaling (fp32's normal
+    # range holds every scaled block sum), so this equals rounding the sum and then scaling it.
+    sa = x_scales.reshape(-1, nb, 1).double()  # [M, K/32, 1]
+    qa = e4m3_value(x_codes).reshape(-1, nb, BLOCK).double().mul_(sa).reshape(-1, k)  # [M, K]
+    sw = nx.e8m0_value(weight.scale_bytes).double().repeat_interleave(BLOCK, dim=0)[:n, :, None]  # [N, K/32, 1]
+    qw = e4m3_value(weight.codes).view(n, nb, BLOCK).double().mul_(sw).view(n, k).T.reshape(nb, BLOCK, n)
     m = qa.shape[0]
     acc = torch.zeros(m, n, dtype=torch.float32)
     rows = max(1, _CHUNK_ELEMS // max(n, 1))  # bounds the float64 block products (memory only)
@@ -114,9 +117,8 @@ def fp8_gemm(x_codes: torch.Tensor, x_scales: torch.Tensor, weight: Fp8Weight) -
         blocks = qa[r0:r1].reshape(r1 - r0, nb, BLOCK).transpose(0, 1).contiguous()  # [K/32, rows, 32]
         e, b = exact[: r1 - r0], block[: r1 - r0]
         for kb in range(nb):
-            torch.mm(blocks[kb], qw[kb], out=e)  # exact sum
-            b.copy_(e)  # one rounding to fp32
-            acc[r0:r1].add_(b.mul_(sa[r0:r1, kb : kb + 1]).mul_(sw[kb]))  # powers of two: exact
+            torch.mm(blocks[kb], qw[kb], out=e)  # the exact scaled block sum
+            acc[r0:r1].add_(b.copy_(e))  # one rounding to fp32, then the fp32 accumulator
     return acc.reshape(*lead, n)
 
 

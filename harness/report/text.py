@@ -35,7 +35,11 @@ def failing_lines(case: dict, most: int = 8) -> list[str]:
         return [first_line(case.get("expectation") or "passed, but an expectation said it fails")]
     message = clean(case.get("message") or "")
     heads = [line.strip() for line in message.splitlines()
-             if line.startswith("output '") or line.startswith("first divergent step")]
+             if line.startswith("output '") or line.startswith("first divergent ")]
+    hint = next((line.strip() for line in message.splitlines() if line.startswith("  to settle it: ")), "")
+    if hint and heads:  # the first failure's hint: what to return so the harness can attribute it
+        at = next((i for i, h in enumerate(heads) if h.startswith("output '")), len(heads))
+        heads.insert(at + 1, hint)
     failing = [n for n, m in (case.get("outputs") or {}).items() if not m.get("ok")]
     if not heads:
         lines = message.strip().splitlines()

@@ -109,11 +109,11 @@ def indexer_select(inputs, params):
 
 def indexer_forward(inputs, params):
     candidates = inputs["candidates"]
-    ids, scores = up.indexer_forward(
+    ids, scores, query = up.indexer_forward(
         inputs["x"], inputs["qr"], inputs["index_k_cache"], weight(inputs, "wq_b"), inputs["weights_proj"],
         _as_complex(inputs["freqs"]), int(params["start"]), int(params["ratio"]), int(params["index_topk"]),
-        int(params.get("offset", 0)), candidates)
-    return {"ids": _leak_policy(ids, candidates, params), "scores": scores}
+        int(params.get("offset", 0)), candidates, with_query=True)
+    return {"ids": _leak_policy(ids, candidates, params), "scores": scores, "index_q": query}
 
 
 def candidates_select(inputs, params):

@@ -94,6 +94,7 @@ def _compress(inputs: dict, cfg: AttnConfig, role: LayerRole, start: int, freqs_
                                  inputs["comp.norm"], cfg.norm_eps, inputs.get("comp.wgate"))
     groups, freqs = step.row_positions // role.ratio, freqs_cis[step.row_positions]
     compress_kv = inputs["compress_kv"].clone()
+    out["latent"] = step.rows
     out["compress_pre"] = up.apply_rotary_emb(step.rows, freqs)
     compress_kv[:, groups] = up.fp4_act_quant_e4m3(out["compress_pre"]).y
     out.update({"compress_kv": compress_kv, "comp_ring": step.ring, "rt.compress_kv": compress_kv})

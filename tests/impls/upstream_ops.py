@@ -153,20 +153,34 @@ def act_quant(x: torch.Tensor, block: int = FP8_BLOCK) -> Quantised:
     return Quantised(y, q.view(torch.uint8).flatten(-2), e8m0_byte(scale))
 
 
-def fp8_linear(x: torch.Tensor, w_codes: torch.Tensor, w_scale_bytes: torch.Tensor) -> tuple[torch.Tensor, Quantised]:
+def fp8_linear(x: torch.Tensor, w_codes: torch.Tensor, w_scale_bytes: torch.Tensor,
+               promote: int = FP8_BLOCK) -> tuple[torch.Tensor, Quantised]:
     """`linear()` with an fp8 weight (M:181-207): act_quant, then fp8_gemm (K41:202-293) in fp32
     torch ops: per K block of 32 an fp32 matmul of the e4m3 values (torch's order), times the
-    activation and tile scales, added to an fp32 accumulator; bf16 out. Returns (y, the act_quant)."""
+    activation and tile scales, added to an fp32 accumulator; bf16 out. Returns (y, the act_quant).
+
+    promote: K columns summed in a local fp32 accumulator before it joins the output's (32, every
+    block straight in as kernel.py does; 128, a tensor core's promotion interval)."""
     q = act_quant(x)
     n, k = w_codes.shape
-    qa = q.codes.view(torch.float8_e4m3fn).float().reshape(-1, k)
-    qw = w_codes.view(torch.float8_e4m3fn).float()
-    sa = (q.scale_bytes.to(torch.int32) << 23).view(torch.float32).reshape(-1, k // FP8_BLOCK)
-    sw = (w_scale_bytes.to(torch.int32) << 23).view(torch.float32).repeat_interleave(FP8_BLOCK, dim=0)[:n]
-    acc = torch.zeros(qa.shape[0], n, device=qa.device)
-    for kb in range(k // FP8_BLOCK):
-        cols = slice(kb * FP8_BLOCK, (kb + 1) * FP8_BLOCK)
-        acc += (qa[:, cols] @ qw[:, cols].T) * sa[:, kb : kb + 1] * sw[:, kb]
+    nb, per = k // FP8_BLOCK, max(1, promote // FP8_BLOCK)
+    qa = q.codes.view(torch.float8_e4m3fn).float().reshape(-1, nb, FP8_BLOCK).transpose(0, 1).contiguous()
+    qw = w_codes.view(torch.float8_e4m3fn).float().T.reshape(nb, FP8_BLOCK, n)  # [K/32, 32, N]
+    sa = (q.scale_bytes.to(torch.int32) << 23).view(torch.float32).reshape(-1, nb)
+    sw = (w_scale_bytes.to(torch.int32) << 23).view(torch.float32).repeat_interleave(FP8_BLOCK, dim=0)[:n].T.contiguous()
+    m = qa.shape[1]
+    acc, block = torch.zeros(m, n, device=qa.device), torch.empty(m, n, device=qa.device)
+    local = torch.zeros(m, n, device=qa.device) if per > 1 else None
+    for kb in range(nb):  # the buffers are reused: a fresh [M, N] tensor per block costs more than its matmul
+        torch.mm(qa[kb], qw[kb], out=block)
+        block.mul_(sa[:, kb : kb + 1]).mul_(sw[kb])
+        if local is None:
+            acc.add_(block)
+            continue
+        local.add_(block)
+        if (kb + 1) % per == 0 or kb == nb - 1:
+            acc.add_(local)
+            local.zero_()
     return acc.reshape(*x.shape[:-1], n).to(torch.bfloat16), q
 
 

@@ -1,0 +1,183 @@
+"""Verdicts along the chain (docs/verdicts.md, "The chain"), on the small tier.
+
+- the machinery: row digests, rows rederived only where they differ, lazily computed references;
+- gates: correct attention cores and GEMM orders pass every attention case they run, with their
+  intermediates and (where upstream-like arithmetic allows) without;
+- mutants: each classic bug fails at the stage that holds it, and still fails without its
+  intermediates (a rederived golden never absorbs a bug).
+
+The same gates and mutants run on the production tier in tests/test_production_chain.py
+(`make test-production`).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import ROOT
+from harness.adapters.reference import ReferenceAdapter
+from harness.chain.digest import differing_rows, digests
+from harness.chain.stages import Lazy, differing, judge_rows
+from harness.compare import OutputVerdict
+from harness.config import load_config
+from harness.golden import read_manifest
+from harness.runner import run_case
+from impls import attention_cores, gemm_orders, wrong_kernels
+from impls.gate import bare
+from impls.gate_float64 import Float64
+from impls.gate_upstream import UpstreamTorch
+from impls.wrong_attention import PlainSoftmax
+
+CONFIG = load_config(ROOT / "conformance.yaml")
+MANIFEST = read_manifest(CONFIG.goldens)
+ATTENTION = sorted(c for c in MANIFEST if c.startswith("attention/"))
+FP8 = [c for c in ATTENTION if "-fp8-" in c]
+TWO = ["attention/a-p21-d1x11-upstream", "attention/a-fp8-p21-d1x11-upstream"]  # bf16 and fp8 weights
+
+
+def judge(impl, case_id: str):
+    return run_case(case_id, CONFIG, impl, type(impl).__name__, MANIFEST)
+
+
+def failing(result) -> set[str]:
+    return {n.rsplit(".", 1)[-1] for n, m in result.outputs.items() if not m["ok"]}
+
+
+# --- the machinery -------------------------------------------------------------------------------
+
+
+def test_row_digests_find_exactly_the_rows_that_differ_and_tell_signed_zeros_apart():
+    t = torch.randn(2, 5, 3, 4).to(torch.bfloat16)
+    t[0, 1, 0, 0] = -0.0
+    stored = digests(t, 2)
+    assert stored.shape == (11,) and not differing_rows(t.clone(), stored, 2).any()
+    u = t.clone()
+    u[1, 3, 2, 1] = u[1, 3, 2, 1] + 1  # flat row 1 * 5 + 3 = 8
+    u[0, 1, 0, 0] = 0.0  # +0 where the reference has -0: row 1 is rederived, then judged by its policy
+    assert differing_rows(u, stored, 2).nonzero().flatten().tolist() == [1, 8]
+    assert differing(u, t, 2).nonzero().flatten().tolist() == [1, 8]
+
+
+def test_only_differing_rows_are_rederived_and_each_at_most_once():
+    calls = []
+
+    def reference(rows):
+        calls.append(rows.tolist())
+        return torch.full((rows.numel(), 3), 7.0)
+
+    lazy = Lazy(6, reference)
+    assert lazy.rows(torch.tensor([4, 1])).tolist() == [[7.0] * 3] * 2
+    lazy.rows(torch.tensor([1, 2, 4]))
+    assert calls == [[1, 4], [2]]
+    seen = {}
+
+    def judge_stub(name, expected, actual, extra):
+        seen["expected"] = expected
+        return OutputVerdict(name, bool(torch.equal(expected, actual)))
+
+    actual = torch.zeros(2, 3, 3)
+    actual[1, 2] = 7.0
+    golden = torch.zeros(2, 3, 3)
+    verdict, expected, n = judge_rows(judge_stub, "x", actual, golden, differing(actual, golden, 2), lazy.rows, 2)
+    assert verdict.ok and n == 1 and calls[-1] == [5]  # row 5 = [1, 2]: only it was recomputed
+
+
+def test_the_reference_passes_with_every_intermediate_and_nothing_rederived():
+    for case_id in ATTENTION + sorted(c for c in MANIFEST if c.startswith("indexer/")):
+        result = judge(ReferenceAdapter(), case_id)
+        assert result.status == "pass", (case_id, result.message)
+        intermediates = [m for m in result.outputs.values() if m.get("intermediate")]
+        assert intermediates and not any(m.get("rederived_rows") for m in result.outputs.values()), case_id
+
+
+# --- gates: correct implementations that round differently pass ------------------------------------
+
+FP32_P = [PlainSoftmax, attention_cores.TiledFp32P]  # P kept in fp32: the other rounding of o, everywhere
+CORES = [*FP32_P, attention_cores.Tiles128, attention_cores.OnePassBf16P]
+GEMMS = [gemm_orders.Fp8K128, gemm_orders.BlasBf16]
+
+
+@pytest.mark.parametrize("gate", [*CORES, *GEMMS], ids=lambda c: c.__name__)
+def test_correct_implementations_pass_every_attention_case_they_run(gate):
+    """The fp8 cases and a bf16 one (tests/test_gates.py runs the upstream and float64 gates and
+    PlainSoftmax over every case; config A has at most 64 lanes, where the other cores match the
+    reference's). The fp32-P cores' o differs from the reference kernel's (rows rederived, headroom
+    used) and their out is judged given their own z."""
+    ran = 0
+    for case_id in [*FP8, "attention/a-p21-d1x11-upstream"]:
+        result = judge(gate(), case_id)
+        if result.status == "unsupported":  # upstream's arithmetic defines upstream's schedules only
+            assert gate in GEMMS and "-gen-" in case_id, case_id
+            continue
+        ran += 1
+        assert result.status == "pass", (gate.__name__, case_id, result.message)
+        if gate in FP32_P and case_id in FP8:
+            o = [m for n, m in result.outputs.items() if n.endswith(".o")]
+            assert any(m.get("rederived_rows") for m in o) and max(m["bound_used"] for m in o) > 0
+            outs = [m for n, m in result.outputs.items() if n.endswith(".out") and m.get("rederived_rows")]
+            assert outs and all(m.get("given") == ["z"] for m in outs)
+    assert ran >= 3 and (gate in GEMMS or ran == len(FP8) + 1)
+
+
+def test_upstream_arithmetic_needs_no_intermediates_on_the_small_tier():
+    for gate in (UpstreamTorch, Float64):
+        for case_id in ATTENTION:
+            result = judge(bare(gate)(), case_id)
+            assert result.status in ("pass", "unsupported"), (gate.__name__, case_id, result.message)
+
+
+@pytest.mark.parametrize("core", FP32_P, ids=lambda c: c.__name__)
+def test_a_core_without_its_intermediates_fails_fp8_out_and_names_z(core):
+    """Without z, out sits behind wo_b's act_quant of a value the harness never saw: it cannot be
+    attributed, so it fails, saying which intermediate settles it (and the bf16 cases pass)."""
+    for case_id in ["attention/a-p21-d1x11-upstream", *FP8]:
+        result = judge(bare(core)(), case_id)
+        if case_id not in FP8:
+            assert result.status == "pass", (case_id, result.message)
+            continue
+        assert result.status == "fail" and failing(result) == {"out"}, (case_id, failing(result))
+        assert f"return {result.first_divergent_stage.rsplit('.', 1)[0]}.z (wo_b's input" in result.message
+
+
+# --- mutants: each bug fails at its stage, with and without intermediates ------------------------
+
+
+@pytest.mark.parametrize("mutant", list(wrong_kernels.MUTANTS), ids=lambda c: c.__name__)
+def test_each_bug_fails_at_the_stage_that_holds_it(mutant):
+    stage = wrong_kernels.MUTANTS[mutant]
+    for case_id in TWO:
+        result = judge(mutant(), case_id)
+        needs_fp8 = mutant is wrong_kernels.WoBRowScales
+        if mutant is wrong_kernels.Fp8Block64 or (needs_fp8 and case_id not in FP8):
+            continue  # tiny config's data never reaches these bugs in attention: asserted below
+        assert result.status == "fail", (mutant.__name__, case_id)
+        assert result.first_divergent_stage.rsplit(".", 1)[-1] == stage, (case_id, result.first_divergent_stage)
+        assert f"output '{result.first_divergent_stage}'" in result.message.splitlines()[2]
+    if mutant is wrong_kernels.Fp8Block64:  # the small tier holds it in the quantiser itself
+        quant = [judge(mutant(), c) for c in MANIFEST if c.startswith("quant.fp8_ue8m0/")]
+        assert sum(r.status in ("fail", "error") for r in quant) >= 3
+
+
+@pytest.mark.parametrize("mutant", list(wrong_kernels.MUTANTS), ids=lambda c: c.__name__)
+def test_no_bug_is_absorbed_without_its_intermediates(mutant):
+    if mutant is wrong_kernels.Fp8Block64:  # config A's attention data never reaches it: the quantiser's does
+        quant = [judge(wrong_kernels.BARE[mutant](), c).status for c in MANIFEST if c.startswith("quant.fp8_ue8m0/")]
+        assert sum(s in ("fail", "error") for s in quant) >= 3, quant
+        return
+    failed = [judge(wrong_kernels.BARE[mutant](), c).status for c in TWO]
+    assert failed == (["pass", "fail"] if mutant is wrong_kernels.WoBRowScales else ["fail", "fail"]), failed
+
+
+def test_a_failure_names_its_stage_the_inputs_it_was_judged_given_and_what_to_return():
+    result = judge(wrong_kernels.ScoresWithoutRelu(), "attention/a-p21-d1x11-upstream")
+    first = result.outputs[result.first_divergent_stage]
+    assert result.first_divergent_stage == "s00.l1.index_scores" and first["intermediate"]
+    assert first["given"] == ["index_q", "index_k_seen"] and first["rederived_rows"] > 0
+    assert "judged given your index_q, index_k_seen" in result.message
+    # the selection after it is judged given those (failing) scores: it is the top-k of them
+    assert result.outputs["s00.l1.compressed_ids"]["ok"]
+    assert result.outputs["s00.l1.compressed_ids"]["given"] == ["index_scores (which failed)"]
+    bare_result = judge(wrong_kernels.BARE[wrong_kernels.ScoresWithoutRelu](), "attention/a-p21-d1x11-upstream")
+    ids = bare_result.outputs[bare_result.first_divergent_stage]
+    assert ids["assumed"] == ["index_scores"] and "return s00.l1.index_scores" in ids["hint"]

@@ -1,0 +1,79 @@
+"""The chain on the production tier (docs/verdicts.md, "The chain"; docs/tiers.md): the fp8 checkpoint
+at production dimensions, where one ulp upstream of an fp8 or fp4 decision moves whole blocks.
+
+Marked `production`: `make test-production` builds the tier's goldens and runs these (tens of
+minutes on 2 cores: each implementation runs the 1,030-token case once, and is judged with its
+intermediates and without them). `make test` leaves them out.
+
+- every correct implementation passes, given its own intermediates: upstream's arithmetic, float64,
+  the four attention cores, the two GEMM orders;
+- every mutant of tests/impls/wrong_kernels.py fails at the stage that holds its bug, and without its
+  intermediates still fails (the block-size bug included: the window rows' boundary allowance is
+  the element's own, not its block's).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import ROOT
+from harness import regenerated
+from harness.config import load_config
+from harness.golden import load_verified, read_manifest
+from harness.registry import get
+from harness.runner import CaseResult, _execute, _judge
+from impls import attention_cores, gemm_orders, wrong_kernels
+from impls.gate_float64 import Float64
+from impls.gate_upstream import UpstreamTorch
+from impls.wrong_attention import PlainSoftmax
+
+pytestmark = pytest.mark.production
+CASE = "attention/production-p1030-d1x4-upstream"
+GATES = [UpstreamTorch, Float64, PlainSoftmax, attention_cores.TiledFp32P, attention_cores.Tiles128,
+         attention_cores.OnePassBf16P, gemm_orders.Fp8K128, gemm_orders.BlasBf16]
+
+
+@pytest.fixture(scope="module")
+def production():
+    config = load_config(ROOT / "conformance.yaml").for_tier("production")
+    manifest = read_manifest(config.goldens)
+    component = get("attention")
+    golden = load_verified(config.goldens, CASE, manifest, config.generate_command)  # GoldenError: build it first
+    regenerated.restore(golden, component)
+    return config, component, golden
+
+
+def run_once(production, impl):
+    """(judged with its intermediates, judged without them) from one execution of the case."""
+    config, component, golden = production
+    params = golden.meta["params"]
+    results = []
+    for keep in (True, False):
+        result = CaseResult(CASE, "attention", "error")
+        if not results:
+            actual = _execute(component, impl, golden, params, result)
+            assert actual is not None, result.message
+        shown = actual if keep else {k: v for k, v in actual.items() if component.intermediate_spec(k) is None}
+        _judge(component, golden, shown, params, config, {}, result)
+        results.append(result)
+    return results
+
+
+@pytest.mark.parametrize("gate", GATES, ids=lambda c: c.__name__)
+def test_correct_implementations_pass_the_production_case(production, gate):
+    given, bare = run_once(production, gate())
+    assert given.status == "pass", given.message
+    ids = [m for n, m in given.outputs.items() if n.endswith(".compressed_ids")]
+    assert not any(m.get("rows_miss") for m in ids) and all(m["ok"] for n, m in given.outputs.items()
+                                                              if n.endswith(".candidates"))
+    if bare.status != "pass":  # without intermediates only unattributed differences may fail, each with its hint
+        for name, m in bare.outputs.items():
+            assert m["ok"] or m.get("hint"), (name, m)
+
+
+@pytest.mark.parametrize("mutant", list(wrong_kernels.MUTANTS), ids=lambda c: c.__name__)
+def test_each_bug_fails_at_its_stage_on_the_production_case(production, mutant):
+    given, bare = run_once(production, mutant())
+    assert given.status == "fail", mutant.__name__
+    assert given.first_divergent_stage.rsplit(".", 1)[-1] == wrong_kernels.MUTANTS[mutant], given.first_divergent_stage
+    assert bare.status == "fail", (mutant.__name__, "absorbed without intermediates")
