@@ -125,11 +125,13 @@ class QuantVerdict:
     mismatched: int
     first_flip: str = ""
     first_mismatch: str = ""
+    signed_zeros: int = 0  # elements whose only difference is the sign of a zero (not in differ)
 
     def describe(self) -> str:
         lines = [f"{self.differ} of {self.numel} differ: {self.flips} boundary flip(s)"
                  + (f" ({self.scale_flips} block(s) follow a flipped scale)" if self.scale_flips else "")
-                 + f", {self.mismatched} mismatch(es)"]
+                 + f", {self.mismatched} mismatch(es)"
+                 + (f"; {self.signed_zeros} more differ only in the sign of a zero" if self.signed_zeros else "")]
         if self.first_flip:
             lines.append(f"first boundary flip: {self.first_flip}")
         if self.first_mismatch:
@@ -195,7 +197,8 @@ def _codes_of(encoded: torch.Tensor, fmt: BlockFormat, encoding: str, s: torch.T
 
 
 def _judge_under(scale: torch.Tensor, actual, fmt, encoding, x, t):
-    """Per element under block scales `scale`: (reference codes, actual codes, follows, flip)."""
+    """Per element under block scales `scale`: (reference codes, actual codes, follows, flip, signed
+    zero: both codes a zero, of different signs; never a flip, whatever the value before rounding)."""
     s = scale.unsqueeze(-1)
     ref = fmt.codes(x / s)
     lo = fmt.ordinal(fmt.codes(((x.double() - t) / s.double()).float()))
@@ -204,23 +207,23 @@ def _judge_under(scale: torch.Tensor, actual, fmt, encoding, x, t):
     o_ref, o_got = fmt.ordinal(ref), fmt.ordinal(got)
     follows = representable & (got == ref)
     step = representable & ((o_got - o_ref).abs() == 1) & (lo <= o_got) & (o_got <= hi)
-    zero_sign = representable & (o_got == 0) & (o_ref == 0) & (got != ref) & (x.double().abs() <= t)
-    return ref, got, follows, step | zero_sign
+    signed = representable & (o_got == 0) & (o_ref == 0) & (got != ref)
+    return ref, got, follows, step & ~signed, signed
 
 
 def _classify_elements(expected, actual, fmt, encoding, x, t, s_ref, s_lo, s_hi) -> QuantVerdict:
-    ref, got, follows, flip = _judge_under(s_ref, actual, fmt, encoding, x, t)
+    ref, got, follows, flip, signed = _judge_under(s_ref, actual, fmt, encoding, x, t)
     want, _ = _codes_of(expected, fmt, encoding, s_ref)
     if not torch.equal(want, ref):
         raise ValueError("the golden's pre-quantisation values do not reproduce its quantised output")
-    differ = ~follows  # [..., nb, block] relative to the golden
-    ref_ok = (follows | flip).all(-1)  # [..., nb]
+    differ = ~follows & ~signed  # [..., nb, block] relative to the golden; signed zeros counted apart
+    ref_ok = (follows | flip | signed).all(-1)  # [..., nb]
     alt_ok = torch.zeros_like(ref_ok)
     ref_bytes = fmt.scale_bytes(s_ref).to(torch.int64)
     for s_alt in (s_lo, s_hi):
         adjacent = (fmt.scale_bytes(s_alt).to(torch.int64) - ref_bytes).abs() == 1
-        _, _, f_alt, x_alt = _judge_under(s_alt, actual, fmt, encoding, x, t)
-        alt_ok |= adjacent & (f_alt | x_alt).all(-1)
+        _, _, f_alt, x_alt, z_alt = _judge_under(s_alt, actual, fmt, encoding, x, t)
+        alt_ok |= adjacent & (f_alt | x_alt | z_alt).all(-1)
     scale_flip = ~ref_ok & alt_ok
     block_ok = (ref_ok | scale_flip).unsqueeze(-1)
     accepted = differ & (block_ok | flip)
@@ -232,7 +235,7 @@ def _classify_elements(expected, actual, fmt, encoding, x, t, s_ref, s_lo, s_hi)
 
     return QuantVerdict(int(differ.numel()), int(differ.sum()), int(accepted.sum()), int(scale_flip.sum()),
                         int(bad.sum()), describe(accepted) if accepted.any() else "",
-                        describe(bad) if bad.any() else "")
+                        describe(bad) if bad.any() else "", int(signed.sum()))
 
 
 def _describe_element(i, fmt, encoding, x, t, s_ref, ref, got, actual, under_flipped_scale: bool) -> str:

@@ -70,6 +70,8 @@ def main() -> None:
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N")
 @click.option("--timeout", type=float, default=None, help="seconds per case (default: conformance.yaml's timeout)")
 @click.option("--no-isolate", is_flag=True, help="run the implementation in the worker itself (faster, not crash-safe)")
+@click.option("--diagnosis-budget", type=float, default=None,
+              help="seconds per failing case for naming known porting bugs (default 30; 0: no diagnosis)")
 @click.option("--shard", default=None, help="I/N: run only shard I of N (deterministic split by case id)")
 @click.option("--pytest-args", default="", help="extra pytest arguments, e.g. \"--tx ssh=host//python=python3\"")
 @click.option("--baseline", default=None, type=click.Path(),
@@ -77,8 +79,8 @@ def main() -> None:
 @tier_option
 @store_options
 @config_option
-def run(impl, select, report_dir, workers, device, timeout, no_isolate, shard, pytest_args, baseline, tier, goldens_dir,
-        cases_dir, config_path):
+def run(impl, select, report_dir, workers, device, timeout, no_isolate, diagnosis_budget, shard, pytest_args, baseline,
+        tier, goldens_dir, cases_dir, config_path):
     """Run an implementation against the goldens and write the conformance report."""
     if not no_isolate:
         from .forkserver import warm_up
@@ -92,8 +94,11 @@ def run(impl, select, report_dir, workers, device, timeout, no_isolate, shard, p
         config = _config(config_path, tier, goldens_dir, cases_dir)
         _check_device(device)
         _check_run_flags(workers, timeout, Path(report_dir), config)
+        if diagnosis_budget is not None and not (math.isfinite(diagnosis_budget) and diagnosis_budget >= 0):
+            raise UsageError(f"--diagnosis-budget {diagnosis_budget!r}: expected seconds >= 0 (0 turns it off)")
         options = RunOptions(impl=impl, select=parse_select(select), report_dir=Path(report_dir), workers=str(workers),
                              device=device, timeout=timeout, isolate=not no_isolate, shard=_parse_shard(shard),
+                             diagnosis_budget=diagnosis_budget,
                              pytest_args=tuple(shlex.split(pytest_args)), config_path=config_path, tier=tier,
                              stores=(goldens_dir, cases_dir), baseline=Path(baseline) if baseline else None)
         doc = run_session(config, options)  # writes the reports while it holds the report dir

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .policy import Policy
+from .policy import ZERO_CODES, Policy
 from .ulps import MANTISSA_BITS, rope_magnitude, ulp_of
 
 TABLE_ROWS = 8
@@ -57,7 +57,7 @@ def compare_output(
     if torch.equal(_bits(expected), _bits(actual)):  # bit-identical: skip the element-wise work
         return identical_verdict(name, expected, policy)
     if policy.kind == "exact":
-        return _compare_exact(name, expected, actual)
+        return _compare_exact(name, expected, actual, policy)
     if policy.kind == "quantised":
         return _compare_quantised(name, expected, actual, policy, context or {}, params or {})
     if policy.kind == "index":
@@ -109,27 +109,75 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _compare_exact(name: str, expected: torch.Tensor, actual: torch.Tensor) -> OutputVerdict:
+def _compare_exact(name: str, expected: torch.Tensor, actual: torch.Tensor, policy: Policy | None = None
+                   ) -> OutputVerdict:
     differ = _bits(expected) != _bits(actual)
+    signed = signed_zeros(expected, actual, _zero_codes(policy)) & differ
+    n_signed = int(signed.sum())
+    accept = policy is None or policy.accept_signed_zeros
+    if n_signed and accept:
+        differ &= ~signed
     count = int(differ.sum())
     metrics = {"mismatched": count, "numel": expected.numel()}
+    if n_signed:
+        metrics["signed_zeros"] = n_signed
     if count == 0:
-        return OutputVerdict(name, True, metrics=metrics)
+        return OutputVerdict(name, True, signed_zero_note(name, expected, actual, signed), metrics)
     lines = [f"output '{name}': not bit-identical (exact comparison)", _mismatch_count(count, expected.numel())]
-    lines += _value_table(expected, actual, differ)
+    if n_signed:
+        lines.append(f"  {n_signed} element(s) differ only in the sign of a zero"
+                     + (" (accepted by policy; not counted above)" if accept else " (counted: strict_signed_zeros)"))
+    lines += _value_table(expected, actual, differ, policy.labels if policy is not None else ())
     return OutputVerdict(name, False, "\n".join(lines), metrics)
+
+
+def _zero_codes(policy: Policy | None) -> tuple[int, ...]:
+    """The zero codes of an exact or quantised code output (none for values, packed codes, scales)."""
+    if policy is None:
+        return ()
+    if policy.zero_codes:
+        return policy.zero_codes
+    if policy.kind == "quantised" and policy.encoding == "codes" and policy.quant:
+        from .boundary import FORMATS
+
+        return ZERO_CODES[FORMATS[policy.quant].element]
+    return ()
+
+
+def signed_zeros(expected: torch.Tensor, actual: torch.Tensor, zero_codes: tuple[int, ...] = ()) -> torch.Tensor:
+    """bool mask: elements that are a zero on both sides with different signs (floats), or two
+    different zero codes (`zero_codes`, for code outputs)."""
+    if expected.dtype.is_floating_point:
+        return (expected == 0) & (actual == 0) & (torch.signbit(expected) != torch.signbit(actual))
+    if zero_codes and not expected.dtype.is_complex and expected.dtype != torch.bool:
+        codes = torch.tensor(zero_codes, dtype=expected.dtype)
+        return torch.isin(expected, codes) & torch.isin(actual, codes) & (expected != actual)
+    return torch.zeros(expected.shape, dtype=torch.bool)
+
+
+def signed_zero_note(name: str, expected: torch.Tensor, actual: torch.Tensor, signed: torch.Tensor) -> str:
+    """What a passing output's signed zeros were: how many, and the first."""
+    n = int(signed.sum())
+    if not n:
+        return ""
+    first = tuple(int(i) for i in signed.nonzero()[0]) if signed.dim() else ()
+    return (f"output '{name}': {n} element(s) differ only in the sign of a zero (accepted by policy; "
+            f"strict_signed_zeros: true fails them); first at {list(first)}: actual {_fmt(actual[first])}, "
+            f"expected {_fmt(expected[first])}")
 
 
 def _mismatch_count(count: int, numel: int) -> str:
     return f"  mismatched elements: {count} / {numel} ({100.0 * count / max(numel, 1):.3g}%)"
 
 
-def _value_table(expected: torch.Tensor, actual: torch.Tensor, differ: torch.Tensor) -> list[str]:
+def _value_table(expected: torch.Tensor, actual: torch.Tensor, differ: torch.Tensor,
+                 labels: tuple[str, ...] = ()) -> list[str]:
     where = differ.nonzero()
     rows = ["  index | actual | expected"]
     for idx in where[:TABLE_ROWS].tolist():
         i = tuple(idx)
-        rows.append(f"  {list(i)} | {_fmt(actual[i])} | {_fmt(expected[i])}")
+        named = f" ({labels[i[-1]]})" if labels and i and i[-1] < len(labels) else ""
+        rows.append(f"  {list(i)}{named} | {_fmt(actual[i])} | {_fmt(expected[i])}")
     if len(where) > TABLE_ROWS:
         rows.append(f"  ... {len(where) - TABLE_ROWS} more")
     return rows
@@ -239,6 +287,8 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     else:
         used = torch.where(bound > 0, diff / torch.where(bound > 0, bound, 1.0), torch.where(diff > 0, float("inf"), 0.0))
     bound_used = float(used.max()) if used.numel() else 0.0
+    if mask_failures and not counted:  # nothing finite on both sides: no error to measure
+        max_ulps, max_abs, rel_l2, bound_used = None, None, None, None
     metrics = {
         "numel": expected.numel(),
         "mismatched": over_count + mask_failures,
@@ -252,32 +302,60 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
         "ulps_headroom": (max_ulps / policy.ulps) if policy.ulps and not mask_failures else None,
         "rel_l2_headroom": (rel_l2 / policy.rel_l2) if policy.rel_l2 and not mask_failures else None,
     }
+    signed = signed_zeros(expected, actual)
+    n_signed = int(signed.sum())
+    if n_signed:
+        metrics["signed_zeros"] = n_signed
     ok = (mask_failures == 0 and over_count == 0 and rel_l2 <= policy.rel_l2
-          and differing_allowed(differing, counted + mask_failures, policy))
+          and differing_allowed(differing, counted + mask_failures, policy)
+          and (policy.accept_signed_zeros or not n_signed))
     if term_flips and ok:  # an accepted difference only where the output passes
         metrics["boundary_flips"] = term_flips
     if ok:
-        return OutputVerdict(name, True, _term_flips_note(name, expected, actual, diff, own, term_flips, policy, context),
-                             metrics)
+        notes = (_term_flips_note(name, expected, actual, diff, own, term_flips, policy, context),
+                 signed_zero_note(name, expected, actual, signed))
+        return OutputVerdict(name, True, "\n".join(filter(None, notes)), metrics)
     metrics["ulps_histogram"] = ulps_histogram(ulps if finite is None else ulps[finite])
     header = [f"output '{name}': not close ({policy.describe()})"]
     if over_count:
         header.append(_mismatch_count(over_count, expected.numel()))
         ratio = torch.where(over, diff / torch.as_tensor(bound).clamp_min(1e-300), torch.zeros_like(e))
         worst = tuple(int(i) for i in torch.unravel_index(torch.argmax(ratio), e.shape)) if e.dim() else ()
+        allowed = float(torch.as_tensor(bound).expand_as(e)[worst])
         header.append(
             f"  worst element {list(worst)}: actual {_fmt(actual[worst])}, expected {_fmt(expected[worst])}, "
-            f"|diff| {float(diff[worst]):.3g} = {float(ulps[worst]):.3g} ulp (allowed {float(bound[worst]):.3g})"
+            f"|diff| {float(diff[worst]):.3g} = {float(ulps[worst]):.3g} ulp (allowed |diff| {allowed:.3g} = "
+            f"{allowed / float(ulp[worst]):.3g} ulp)"
         )
     if mask_failures:
         header.append(f"  {mask_failures} of {expected.numel()} element(s) are NaN, inf or a sentinel on one side only")
-    over_finite = f" over the {counted} element(s) finite on both sides" if mask_failures else ""
-    header.append(f"  max {max_ulps:.3g} ulp, max |diff| {max_abs:.3g}, rel L2 {rel_l2:.3g} (allowed {policy.rel_l2:g})"
-                  f"{over_finite}; {100 * diff_fraction:.3g}% of elements differ (allowed "
-                  f"{100 * policy.max_diff_fraction:.3g}%{' of >= 256' if policy.max_diff_fraction < 1 else ''})")
+    if n_signed and not policy.accept_signed_zeros:
+        header.append(f"  {n_signed} element(s) differ in the sign of a zero (strict_signed_zeros)")
+    header.append(_error_summary(e, ulps, ulp, max_ulps, max_abs, rel_l2, diff_fraction, counted, mask_failures,
+                                 policy, policy.atol + policy.atol_rel * scale))
     if over_count:
         header += _value_table(expected, actual, over)
     return OutputVerdict(name, False, "\n".join(header + lines), metrics)
+
+
+def _error_summary(e: torch.Tensor, ulps: torch.Tensor, ulp: torch.Tensor, max_ulps, max_abs, rel_l2,
+                   diff_fraction: float, counted: int, mask_failures: int, policy: Policy, floor: float) -> str:
+    """The failing output's error line, each figure with its allowance in the unit it is compared in."""
+    if mask_failures and not counted:
+        return "  no element is finite on both sides: no error to measure (see the positions above)"
+    worst = f"max {max_ulps:.3g} ulp"
+    if max_ulps and ulps.numel():
+        at = torch.unravel_index(torch.argmax(ulps), ulps.shape) if ulps.dim() else ()
+        value = float(e[at])
+        if abs(value) <= floor:  # ulps of a value near zero say little: its bound is the absolute floor
+            worst += (f" (at an expected {value:.3g}, inside the absolute allowance {floor:.3g}: "
+                      f"ulps of a value near zero are tiny)")
+    rel = f"rel L2 {rel_l2:.3g} (allowed {policy.rel_l2:g})"
+    over = f" over the {counted} element(s) finite on both sides" if mask_failures else ""
+    share = f"{100 * diff_fraction:.3g}% of elements differ"
+    if policy.max_diff_fraction < 1:
+        share += f" (allowed {100 * policy.max_diff_fraction:.3g}% of >= {FRACTION_BASE})"
+    return f"  {worst}, max |diff| {max_abs:.3g}, {rel}{over}; {share}"
 
 
 # `max_diff_fraction` is a share of at least this many elements: in a small output (one decode
@@ -347,7 +425,7 @@ def _compare_index(
     from .index_verdict import classify_index_rows
 
     if policy.scores is None or policy.scores not in context:
-        verdict = _compare_exact(name, expected, actual)
+        verdict = _compare_exact(name, expected, actual, policy)
         verdict.metrics["rows_exact"] = None
         return verdict
     offset = int(params.get(policy.offset_param, 0)) if policy.offset_param else 0
@@ -361,6 +439,7 @@ def _compare_index(
         expected, actual, scores, offset=offset, largest=bool(params.get("largest", policy.largest)),
         order=order, id_limit=context.get(policy.limit) if policy.limit else None,
         fill_is_worst=policy.fill_is_worst, near_ulps=policy.near_tie_ulps,
+        leak=params.get("candidate_leak", "upstream") if policy.fill_is_worst else None,
     )
     metrics = {"rows": result.rows, "rows_exact": result.exact, "rows_tie": result.tie,
                "rows_near_tie": result.near, "rows_miss": result.miss}
@@ -375,6 +454,9 @@ def _compare_index(
     near = f", {result.near} near tie" if policy.near_tie_ulps else ""
     lines = [f"output '{name}': ids differ in {result.rows - result.exact} of {result.rows} row(s): "
              f"{result.tie} tie order only{near}, {result.miss} miss"]
+    if result.leak_policy:  # a policy, not an order: named first, never accepted with the ties
+        lines[0] += (f" ({result.leak_policy}: the candidate_leak policy differs, not tie order; "
+                     "docs/index-verdicts.md)")
     lines += ["  " + line for line in result.describe().splitlines()]
     accepted = [label for count, flag, label in ((result.tie, policy.accept_ties or policy.accept_near_ties, "tie order"),
                                                  (result.near, policy.accept_near_ties, "near ties")) if count and flag]
@@ -404,7 +486,7 @@ def _compare_quantised(
 ) -> OutputVerdict:
     from .boundary import FORMATS, classify_quantised, pre_tolerance
 
-    exact = _compare_exact(name, expected, actual)
+    exact = _compare_exact(name, expected, actual, policy)
     if exact.ok:
         exact.metrics.update(boundary_flips=0, scale_flips=0)
         return exact
@@ -421,8 +503,10 @@ def _compare_quantised(
     verdict = classify_quantised(expected, actual, pre, tol, fmt, policy.encoding)
     metrics = {"numel": verdict.numel, "mismatched": verdict.mismatched, "boundary_flips": verdict.flips,
                "scale_flips": verdict.scale_flips}
+    if verdict.signed_zeros:
+        metrics["signed_zeros"] = verdict.signed_zeros
     refused = verdict.flips and not policy.accept_boundary
-    ok = verdict.mismatched == 0 and not refused
+    ok = verdict.mismatched == 0 and not refused and (policy.accept_signed_zeros or not verdict.signed_zeros)
     head = f"output '{name}': {verdict.differ} of {verdict.numel} element(s) differ"
     if verdict.mismatched:
         head += f"; {verdict.mismatched} not explained by a rounding boundary ({policy.describe()})"
@@ -431,7 +515,10 @@ def _compare_quantised(
                      "exact: any difference there is the quantiser's")
     elif refused:
         head += " only at rounding boundaries (not accepted: strict_boundaries)"
-    else:
+    elif verdict.differ:
         head += " only at rounding boundaries (accepted by policy)"
+    else:
+        head = f"output '{name}': {verdict.signed_zeros} element(s) differ only in the sign of a zero"
+        head += " (accepted by policy)" if ok else " (not accepted: strict_signed_zeros)"
     lines = [head] + ["  " + line for line in verdict.describe().splitlines()]
     return OutputVerdict(name, ok, "\n".join(lines), metrics)

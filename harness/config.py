@@ -8,6 +8,7 @@ that says what to fix. Tolerances resolve in this order (later wins): the regist
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ TOP_KEYS = {"version", "goldens", "cases", "timeout", "tolerances", "floors", "i
 # Per-implementation verdict flags: which accepted differences it opts into (docs/verdicts.md).
 IMPL_FLAGS = {"accept_ties": ("index", "accept_ties", True),
               "accept_near_ties": ("index", "accept_near_ties", True),
-              "strict_boundaries": ("quantised", "accept_boundary", False)}
+              "strict_boundaries": ("quantised", "accept_boundary", False),
+              "strict_signed_zeros": (None, "accept_signed_zeros", False)}  # None: every kind
 IMPL_KEYS = {"python", "command", "batch", "kind", "device", "expectations", "tolerances", "note",
              "options", "supports", *IMPL_FLAGS}
 
@@ -36,6 +38,24 @@ TIERS = ("small", "production")  # production: built locally, pinned by SHA-256 
 # The production tier's cases run for minutes (its attention case: about two on 2 cores for the
 # reference itself): its default timeout per case is at least this; --timeout overrides it.
 PRODUCTION_TIMEOUT = 1200.0
+# Seconds a failing case's diagnosis may take (harness/diagnosis): the small tier's cases re-run in
+# milliseconds to a second per variant. --diagnosis-budget changes it for a run, and the environment
+# variable CONFORMANCE_DIAGNOSIS_BUDGET for every run of a job (0 turns it off).
+DIAGNOSIS_BUDGET = 30.0
+DIAGNOSIS_ENV = "CONFORMANCE_DIAGNOSIS_BUDGET"
+
+
+def default_diagnosis_budget() -> float:
+    raw = os.environ.get(DIAGNOSIS_ENV)
+    if raw is None:
+        return DIAGNOSIS_BUDGET
+    try:
+        value = float(raw)
+    except ValueError:
+        raise UsageError(f"{DIAGNOSIS_ENV}={raw!r}: expected seconds >= 0 (0 turns the diagnosis off)") from None
+    if not value >= 0:
+        raise UsageError(f"{DIAGNOSIS_ENV}={raw!r}: expected seconds >= 0 (0 turns the diagnosis off)")
+    return value
 
 
 @dataclass
@@ -50,6 +70,7 @@ class Config:
     impls: dict[str, dict[str, Any]] = field(default_factory=dict)
     path: Path | None = None
     tier: str = "small"
+    diagnosis_budget: float = field(default_factory=default_diagnosis_budget)  # seconds per failing case; 0: off
     _policies: dict = field(default_factory=dict, repr=False)
 
     def for_tier(self, tier: str) -> Config:
@@ -111,7 +132,7 @@ class Config:
             policy = policy.with_overrides(nested, f"{where}: tolerances.components.{component.name}.{spec.name}")
         if impl:
             for flag, (kind, field_name, value) in IMPL_FLAGS.items():
-                if impl.get(flag) and policy.kind == kind:
+                if impl.get(flag) and kind in (None, policy.kind):
                     policy = policy.with_overrides({field_name: value}, f"{where}: impls {flag}")
             own = ((impl.get("tolerances") or {}).get(component.name) or {})
             own_flat = {k: v for k, v in own.items() if not isinstance(v, dict)}

@@ -1,8 +1,8 @@
 """The kinds of difference a verdict may accept, each counted wherever results are shown.
 
 A correct implementation may differ from the reference without being wrong: it breaks a top-k
-tie another way, picks between scores closer than their own tolerance, or rounds a value that
-sits on a quantisation boundary the other way (docs/verdicts.md). Each kind is counted per
+tie another way, picks between scores closer than their own tolerance, rounds a value that sits
+on a quantisation boundary the other way, or writes +0 where the reference has -0 (docs/verdicts.md). Each kind is counted per
 output (`metric`), per case (`count`, with a first `example`) and per component, and every
 report shows the counts, so a reviewer sees what was accepted even when everything passed.
 """
@@ -28,4 +28,6 @@ DIFFERENCES = (
                "row(s) differ only among near-tied ids"),
     Difference("boundary_flips", "boundary_flips", "boundary_example", "flips", "boundary flips",
                "element(s) differ only at rounding boundaries"),
+    Difference("signed_zeros", "signed_zeros", "signed_zero_example", "±0", "signed zeros",
+               "element(s) differ only in the sign of a zero"),
 )

@@ -44,14 +44,18 @@ import torch
 
 from .ulps import ulp_of
 
-__all__ = ["IndexVerdict", "RowExample", "VIOLATION_KINDS", "classify_index_rows"]
+__all__ = ["IndexVerdict", "LEAK_KINDS", "RowExample", "VIOLATION_KINDS", "classify_index_rows"]
 
 VIOLATION_KINDS: dict[str, str] = {
     "out_of_range": "id out of range",
     "duplicate": "duplicate id within the row",
     "missing_id": "-1 where the reference has a valid id",
     "unexpected_id": "valid id where the reference has -1",
+    "leaked": "leak: a valid id of a masked (-inf) row where the case's candidate_leak is drop",
+    "dropped": "drop: -1 where the reference leaks a masked (-inf) row, and no masked row anywhere "
+               "in the output: the drop policy where the case's candidate_leak is upstream",
 }
+LEAK_KINDS = ("leaked", "dropped")  # the candidate-pool policy (docs/index-verdicts.md): never tie order
 _MAX_MESSAGES = 20
 _BIG = torch.iinfo(torch.int64).max
 
@@ -116,6 +120,12 @@ class IndexVerdict:
     @property
     def all_exact(self) -> bool:
         return self.exact == self.rows
+
+    @property
+    def leak_policy(self) -> str:
+        """'' or what the misses say about the candidate-pool policy ("3 row(s) leak where the case drops")."""
+        said = {"leaked": "leak where the case drops", "dropped": "drop where the case leaks"}
+        return "; ".join(f"{self.violations[k]} row(s) {said[k]}" for k in LEAK_KINDS if self.violations.get(k))
 
     def describe(self) -> str:
         near = f", {self.near} near tie" if self.near else ""
@@ -223,6 +233,7 @@ def classify_index_rows(
     id_limit: int | torch.Tensor | None = None,
     fill_is_worst: bool = False,
     near_ulps: float = 0.0,
+    leak: Literal["upstream", "drop"] | None = None,
 ) -> IndexVerdict:
     """Classify each row of ``actual`` ids against ``expected`` as exact, tie, near tie or miss.
 
@@ -238,6 +249,11 @@ def classify_index_rows(
     score is that worst value (-inf when largest), a -1 lane is tied with the k-th score, so
     trading a -1 for another worst-score id (or back) is tie order, not a miss.
     near_ulps: the near-tie band, in bf16 ulps of the k-th reference score (0: no near ties).
+    leak: the case's candidate-pool policy for -inf picks (with ``fill_is_worst`` and ``largest``).
+    Which -inf rows fill a short row is tie order, but the policy is not: under ``"drop"`` a valid
+    id at a -inf score is a ``leaked`` violation; under ``"upstream"``, when the reference returns
+    a masked row somewhere and the implementation nowhere, each row that holds fewer of them than
+    the reference is ``dropped``. Both are misses, whatever ``accept_ties`` says.
 
     >>> s = torch.tensor([[1.0, 1.0, 0.0]])
     >>> classify_index_rows(torch.tensor([[0]]), torch.tensor([[1]]), s).tie
@@ -298,6 +314,8 @@ def classify_index_rows(
         has_kth = e_ok.any(dim=1)
         tied_e = e_ok & _eqv(se, kth[:, None])
         tied_a = a_ok & _eqv(sa, kth[:, None])
+    if leak is not None and fill_is_worst and largest and n:
+        viol.update(_leak_violations(leak, e, scores.reshape(r, n), offset, rows, a_ok, sa, e_ok, se))
     broken = torch.stack(list(viol.values())).any(dim=0)  # [R']
     tie = ~broken & has_kth & _same_outside(ev, av, e_ok & ~tied_e, a_ok & ~tied_a, tied_e, tied_a)
     if order == "sequence":
@@ -336,6 +354,25 @@ def classify_index_rows(
     return IndexVerdict(lead, r, r - len(rows_l), len(tie_rows), len(miss_rows),
                         tie_rows, miss_rows, kinds, tuple(messages), first_tie, first_miss,
                         len(near_rows), near_rows, first_near)
+
+
+def _leak_violations(leak: str, e: torch.Tensor, scores: torch.Tensor, offset: int, rows: torch.Tensor,
+                     a_ok: torch.Tensor, sa: torch.Tensor, e_ok: torch.Tensor, se: torch.Tensor
+                     ) -> dict[str, torch.Tensor]:
+    """The ``leaked`` / ``dropped`` flags of the non-exact rows (``classify_index_rows``' leak)."""
+    ninf = float("-inf")
+    a_masked = (a_ok & (sa == ninf)).sum(dim=1)  # [R'] valid ids at -inf, per row
+    none = torch.zeros_like(a_masked, dtype=torch.bool)
+    if leak == "drop":
+        return {"leaked": a_masked > 0, "dropped": none}
+    e_masked = (e_ok & (se == ninf)).sum(dim=1)
+    exact = torch.ones(e.shape[0], dtype=torch.bool)
+    exact[rows] = False
+    ee = e[exact]  # identical rows: the implementation returned the reference's masked rows there
+    valid = ee != -1
+    s_exact = torch.gather(scores[exact].to(torch.float64), 1, torch.where(valid, ee - offset, 0).clamp(min=0))
+    leaks_somewhere = bool(a_masked.any()) or bool((valid & (s_exact == ninf)).any())
+    return {"leaked": none, "dropped": (a_masked < e_masked) & (not leaks_somewhere)}
 
 
 def _same_outside(ev: torch.Tensor, av: torch.Tensor, outside_e: torch.Tensor, outside_a: torch.Tensor,

@@ -115,6 +115,7 @@ class IsolatedWorker:
                      "root": executor.spec.root, "conf": executor.spec.conf},
             "device": executor.device,
             "timeout": executor.timeout,
+            "diagnosis_budget": executor.config.diagnosis_budget,
             "run_dir": executor.run_dir,
             "slot": slot,
         }

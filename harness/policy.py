@@ -5,8 +5,12 @@ numbers (defaults per kind, overrides per component or output, each with a note 
 calibrated); the resolved policy is written into every golden's metadata and every result.
 
 Kinds:
-- `exact`: same dtype and shape, bit-identical (floats compared by their bits, so -0 != +0 and
-  NaN payloads count). Counts, masks, codes of exact inputs.
+- `exact`: same dtype and shape, bit-identical (floats compared by their bits, so NaN payloads
+  count). Counts, masks, codes of exact inputs.
+
+In every kind, an element that differs only in the sign of a zero (-0 for +0 or back, as a float or
+as the two zero codes `zero_codes` of a code output) is a *signed zero*: counted, named, and
+accepted unless `accept_signed_zeros` is false (an implementation's `strict_signed_zeros: true`).
 - `bf16` / `f32`: same dtype and shape; positions of NaN, +inf, -inf and of the `sentinels`
   values must match exactly; then every element within `ulps` units in the last place of the
   expected value in that format, plus `atol`, plus `atol_rel` times the largest |expected|, plus
@@ -37,10 +41,12 @@ from typing import Any
 from .errors import UsageError
 
 KINDS = ("exact", "bf16", "f32", "quantised", "index")
-FLAGS = ("accept_ties", "accept_near_ties", "accept_boundary")  # booleans
+FLAGS = ("accept_ties", "accept_near_ties", "accept_boundary", "accept_signed_zeros")  # booleans
 TUNABLE = ("ulps", "atol", "atol_rel", "rel_l2", "max_diff_fraction", "argument_ulps", "term_ulps", "boundary_ulps",
            "boundary_atol_rel", "near_tie_ulps") + FLAGS
 FLOAT_KINDS = {"bf16": "bf16", "f32": "f32"}  # tolerance kinds, by the output dtype they judge
+# The codes of +0 and -0 in the code formats of this path (sign bit 3 for e2m1, bit 7 for e4m3).
+ZERO_CODES = {"e2m1": (0x0, 0x8), "e4m3": (0x00, 0x80)}
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,12 @@ class Policy:
     accept_ties: bool = False
     near_tie_ulps: float = 0.0  # scores within this many bf16 ulps of the k-th score are near-tied
     accept_near_ties: bool = False
+    # every kind: an element that differs only in the sign of a zero (a float -0 / +0, or the two zero
+    # codes `zero_codes` of an exact code output) is counted as a signed zero and accepted unless this is
+    # false (docs/verdicts.md, "Signed zeros")
+    zero_codes: tuple[int, ...] = ()
+    accept_signed_zeros: bool = True
+    labels: tuple[str, ...] = field(default=(), compare=False)  # names of the last dim's positions, for messages
     note: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -116,7 +128,7 @@ class Policy:
     def to_json(self) -> dict[str, Any]:
         """The fields that differ from their defaults (and the kind): what makes this policy."""
         defaults = {f.name: f.default for f in fields(self)}
-        data = {k: v for k, v in asdict(self).items() if k == "kind" or v != defaults[k]}
+        data = {k: v for k, v in asdict(self).items() if k == "kind" or (v != defaults[k] and k != "labels")}
         if "sentinels" in data:
             data["sentinels"] = list(self.sentinels)
         return data

@@ -120,6 +120,8 @@ class OutputSpec:
     encoding: str = "values"  # quantised kind: values | codes | packed | scale_bytes
     pre: str | None = None  # quantised kind: the reference's values before quantisation
     pre_tail: str | None = None  # params path of the RoPE tail width (ulps of the pair's norm there)
+    zero_codes: tuple[int, ...] = ()  # exact code outputs: the codes of +0 and -0 (a signed zero, not a mismatch)
+    labels: tuple[str, ...] = ()  # what each position of the last dim is (named in failure messages)
     when: str = ""  # present only under this condition ("an index source"); always when empty
     feeds: str = ""  # intermediates: the decision this value is the input of (docs/verdicts.md, "The chain")
     kept: str = "digest"  # intermediates: how the golden keeps the reference's value: its row digests
@@ -134,6 +136,8 @@ class OutputSpec:
             offset_param=self.offset_param,
             limit=self.limit,
             fill_is_worst=self.fill_is_worst,
+            zero_codes=self.zero_codes,
+            labels=self.labels,
             sentinels=self.sentinels,
             argument=self.argument,
             terms=self.terms,

@@ -53,6 +53,9 @@ class CaseResult:
     near_tie_example: str = ""
     boundary_flips: int = 0
     boundary_example: str = ""
+    signed_zeros: int = 0
+    signed_zero_example: str = ""
+    diagnosis: dict[str, Any] | None = None  # a failing case's (harness/diagnosis): known bugs that reproduce it
     first_divergent_step: int | None = None
     first_divergent_stage: str = ""  # along a chain: the first output or intermediate that fails
     chain: str = ""  # along a chain: the stages of the first call whose values differ, in order
@@ -131,6 +134,41 @@ def judge_golden(component: Component, golden: Golden, impl, config: Config, imp
     if actual is None:
         return
     _judge(component, golden, actual, params, config, impl_conf, result)
+    if result.status in ("fail", "error") and result.outputs and config.diagnosis_budget > 0:
+        _diagnose(component, golden, actual, params, config, result)
+
+
+def _diagnose(component: Component, golden: Golden, actual: dict, params: dict, config: Config,
+              result: CaseResult) -> None:
+    """Name the known porting bugs that reproduce the failing outputs (harness/diagnosis)."""
+    from .adapters.reference import ReferenceAdapter
+    from .diagnosis import diagnose
+
+    reference = ReferenceAdapter()
+
+    def execute(variant_params: dict) -> dict | None:
+        return _execute(component, reference, golden, variant_params, CaseResult(result.id, result.component, "error"))
+
+    failing = [name for name, m in result.outputs.items() if not m.get("ok")]
+    values = dict(golden.outputs)
+    step = result.first_divergent_step
+    if step is not None and isinstance(params.get("schedule"), list) and step + 1 < len(params["schedule"]):
+        # a schedule's first divergent step holds the bug: the reference re-runs up to it only
+        params = {**params, "schedule": params["schedule"][: step + 1]}
+        keep = lambda name: (step_of(name) or 0) <= step  # noqa: E731
+        failing, values = [n for n in failing if keep(n)], {n: v for n, v in values.items() if keep(n)}
+    if any(name not in values for name in failing):  # intermediates: the golden holds only their digests
+        own = execute(params) or {}
+        values.update({name: own[name] for name in failing if name not in values and name in own})
+    at = result.first_divergent_stage or (f"step {result.first_divergent_step}"
+                                          if result.first_divergent_step is not None else "")
+    found = diagnose(component.name, values, actual, failing, params, execute, config.diagnosis_budget, at)
+    result.diagnosis = found.to_json()
+    lines = result.message.splitlines()
+    head = 0
+    while head < len(lines) and lines[head].startswith("first divergent "):
+        head += 1
+    result.message = "\n".join(lines[:head] + found.lines() + lines[head:])  # early: long messages are clipped
 
 
 def _execute(component: Component, impl, golden: Golden, params: dict, result: CaseResult) -> dict | None:
@@ -195,7 +233,7 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
         if not verdict.metrics:  # attribute problem: wrong dtype, shape or type
             attribute_errors.append(message)
         else:
-            failures.append(message)
+            failures.append((stage.explained, message))
         if component.chain is not None and not result.first_divergent_stage:
             result.first_divergent_stage = name
         step = step_of(name)
@@ -204,6 +242,9 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
     result.first_divergent_step = first_step
     result.metrics = summarise_metrics(result.outputs)
     result.chain = chain_summary(stages) if component.chain is not None else ""
+    # Real differences (misses, mismatches, a policy) lead, in chain order; differences the harness
+    # explains but this implementation's flags refuse (tie order, near ties, strict boundaries) follow.
+    failures = [message for _, message in sorted(failures, key=lambda f: f[0])]
     if attribute_errors:
         result.status = "error"
         result.message = "\n".join(attribute_errors + failures)

@@ -9,13 +9,13 @@ Schema (version 1)::
      versions: {harness, torch, python, platform},
      goldens: {dir, manifest_sha256},
      components: {name: {cases, pass, fail, error, crash, timeout, unsupported, xfail, xpass,
-                         floor, floor_ok, tie_rows, near_tie_rows, boundary_flips, verdict}},
+                         floor, floor_ok, tie_rows, near_tie_rows, boundary_flips, signed_zeros, verdict}},
      problems: [str],            # run-level: floors unmet, nothing ran, stale expectations
      stale_expectations: [str],
      cases: [{id, component, status, message, params,
               metrics: {outputs, outputs_failed, max_ulps, rel_l2, max_abs_err, diff_fraction,
                         bound_used, ulps_headroom, rel_l2_headroom, mismatched, rows_miss, rows_tie,
-                        rows_near_tie, boundary_flips},
+                        rows_near_tie, boundary_flips, signed_zeros},
               outputs: {name: {ok, policy, note (what a passing output accepted), and that
                                output's metrics; a failing tolerance output adds
                                ulps_histogram: {edges, counts}; along a chain (harness/chain):
@@ -24,7 +24,7 @@ Schema (version 1)::
                                implementation's own, or the reference's standing in), rederived_rows,
                                hint (what to return to settle an unattributed difference)}},
               duration_s, golden_sha256, tie_rows, tie_example, near_tie_rows, near_tie_example,
-              boundary_flips, boundary_example, first_divergent_step,
+              boundary_flips, boundary_example, signed_zeros, signed_zero_example, first_divergent_step,
               first_divergent_stage (along a chain: the first failing output or intermediate),
               expectation, repro}],
      baseline: {...},            # with --baseline: the diff document (harness/diff.py)
@@ -33,7 +33,7 @@ Schema (version 1)::
 `bound_used` is the worst element's |actual - expected| over its element-wise bound and
 `rel_l2_headroom` the relative L2 error over its bound: 1.0 is at the bound.
 
-Accepted differences (tie order, near ties, boundary flips; harness/differences.py) are counted
+Accepted differences (tie order, near ties, boundary flips, signed zeros; harness/differences.py) are counted
 per output, per case and per component whether or not they were accepted.
 """
 
@@ -87,6 +87,7 @@ class RunOptions:
     tier: str = "small"
     stores: tuple[str | None, str | None] = (None, None)  # --goldens, --cases as given
     baseline: Path | None = None  # a report dir or results.json to diff against (harness/diff.py)
+    diagnosis_budget: float | None = None  # seconds per failing case (None: the configuration's; 0: off)
 
     def repro(self, case_id: str) -> str:
         """The command that re-runs exactly this case the way this run ran it."""
@@ -205,6 +206,7 @@ def run(config: Config, options: RunOptions) -> dict:
             "impl": {"name": spec.name, "kind": spec.kind, "target": spec.target, "root": spec.root, "conf": spec.conf},
             "device": options.device,
             "timeout": options.timeout or config.timeout,
+            "diagnosis_budget": config.diagnosis_budget if options.diagnosis_budget is None else options.diagnosis_budget,
             "isolate": options.isolate,
             "workers": max(1, count) if pool else 1,
             "prefetch": pool,

@@ -86,6 +86,9 @@ def pytest_configure(config):
     import torch
 
     torch.set_num_threads(1)  # xdist workers share 2 cores; oversubscription makes tests crawl
+    # No diagnosis of failing cases unless a test asks for it (tests/test_diagnosis.py): the suite runs
+    # hundreds of deliberately wrong implementations, and each diagnosis re-runs the reference.
+    os.environ["CONFORMANCE_DIAGNOSIS_BUDGET"] = "0"
     if "CONFORMANCE_CACHE" not in os.environ:
         # The rebuilt-input cache (harness/cache.py) of this test session, shared by its xdist
         # workers (they inherit the variable) and by every run the tests start; not the user's.

@@ -180,7 +180,7 @@ def test_printed_output_is_captured_per_case_and_shown_with_crashes_and_failures
     assert passed["status"] == "pass" and "C printf: kernel for (6, 128)" in passed["output"]
     assert "the implementation printed" not in passed["message"]
     log = (report / "output.log").read_text()
-    assert "===== norm.rms/latent-4x512 (crash) =====" in log and log.count("python print:") == 4
+    assert "===== norm.rms/latent-4x512 (crash) =====" in log and log.count("python print:") == 5
 
 
 def test_a_batch_program_that_breaks_the_protocol_is_restarted_and_its_stderr_kept(tmp_path):

@@ -125,7 +125,7 @@ def test_a_full_run_fails_components_below_their_floor(tmp_path):
     doc = results(report)
     assert all(c["status"] == "pass" for c in doc["cases"])
     assert doc["components"]["norm.rms"]["verdict"] == "fail"
-    assert any("norm.rms: ran 4 case(s), fewer than its floor of 9" in p for p in doc["problems"])
+    assert any("norm.rms: ran 5 case(s), fewer than its floor of 9" in p for p in doc["problems"])
     # components with no goldens at all fail too: nothing goes green on empty
     assert doc["components"]["rope.apply"]["verdict"] == "fail"
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from harness.compare import compare_output, ulp_of
@@ -19,9 +21,32 @@ def _gen(seed=0):
 def test_exact_is_bitwise_and_reports_the_differing_elements():
     e = torch.tensor([0.0, 1.0, -2.0])
     assert compare_output("y", e, e.clone(), Policy("exact")).ok
-    signed_zero = torch.tensor([-0.0, 1.0, -2.0])
-    verdict = compare_output("y", e, signed_zero, Policy("exact"))
-    assert not verdict.ok and "1 / 3" in verdict.message and "[0]" in verdict.message
+    verdict = compare_output("y", e, torch.tensor([0.0, 1.0, -2.5]), Policy("exact"))
+    assert not verdict.ok and "1 / 3" in verdict.message and "[2]" in verdict.message
+    nan_payload = torch.tensor([0.0, 1.0, float("nan")])
+    other = nan_payload.clone().view(torch.int32)
+    other[2] += 1
+    assert not compare_output("y", nan_payload, other.view(torch.float32), Policy("exact")).ok
+
+
+def test_a_signed_zero_is_one_named_class_in_every_kind():
+    """-0 for +0 (or back) is counted as a signed zero and accepted, by every comparator; it is
+    never a mismatch nor a boundary flip; strict_signed_zeros (accept_signed_zeros false) fails it."""
+    e = torch.tensor([-0.0, 1.0, -2.0])
+    got = torch.tensor([0.0, 1.0, -2.0])
+    strict = {"accept_signed_zeros": False}
+    for policy in (Policy("exact"), BF16, Policy("f32", ulps=1)):
+        expected, actual = (e.to(torch.bfloat16), got.to(torch.bfloat16)) if policy.kind == "bf16" else (e, got)
+        verdict = compare_output("y", expected, actual, policy)
+        assert verdict.ok and verdict.metrics["signed_zeros"] == 1, policy.kind
+        assert "1 element(s) differ only in the sign of a zero" in verdict.message and "expected -0" in verdict.message
+        refused = compare_output("y", expected, actual, replace(policy, **strict))
+        assert not refused.ok and "sign of a zero" in refused.message, policy.kind
+    codes = Policy("exact", zero_codes=(0x0, 0x8))  # e2m1 codes: 8 is -0
+    verdict = compare_output("codes", torch.tensor([8, 3], dtype=torch.uint8), torch.tensor([0, 3], dtype=torch.uint8), codes)
+    assert verdict.ok and verdict.metrics["signed_zeros"] == 1
+    wrong = compare_output("codes", torch.tensor([8, 3], dtype=torch.uint8), torch.tensor([1, 3], dtype=torch.uint8), codes)
+    assert not wrong.ok and "signed_zeros" not in wrong.metrics  # a real code difference next to zero
 
 
 def test_attributes_come_first():
@@ -179,3 +204,54 @@ def test_rel_l2_of_an_argument_allowance_judges_only_the_unexplained_error():
     wrong = torch.cos(angle.double() + 1.0).float()  # ... but a radian off is not
     assert not compare_output("table", expected, wrong, policy, context).ok
     assert compare_output("table", expected, scaled, policy, context).ok  # 2^-6 < 4 * 0.0625: unexplainable apart
+
+
+def test_a_quantised_signed_zero_is_not_a_boundary_flip_nor_a_mismatch():
+    """kv.finish-like: a value that rounds to -0 far from any boundary comes back +0 (a port whose
+    dequantisation table has +0 at the code of -0): one signed zero, as in every other kind."""
+    from harness.reference.numerics import fp4_qdq_e8m0
+
+    x = torch.linspace(-6, 6, 32).to(torch.bfloat16)
+    x[5] = -0.1  # rounds to -0 under scale 1, 0.15 from the boundary 0.25
+    q = fp4_qdq_e8m0(x[None], 32)
+    assert torch.signbit(q.y[0, 5]) and q.y[0, 5] == 0
+    pol = Policy("quantised", quant="fp4_e8m0", encoding="values", pre="pre", boundary_ulps=2)
+    for encoding, expected in (("values", q.y), ("codes", q.codes)):
+        actual = expected.clone()
+        actual[0, 5] = 0.0 if encoding == "values" else 0
+        verdict = compare_output("y", expected, actual, replace(pol, encoding=encoding), {"pre": x[None]}, {})
+        assert verdict.ok and verdict.metrics["signed_zeros"] == 1, (encoding, verdict.message)
+        assert not verdict.metrics.get("boundary_flips") and "boundary 0" not in verdict.message
+        strict = compare_output("y", expected, actual, replace(pol, encoding=encoding, accept_signed_zeros=False),
+                                {"pre": x[None]}, {})
+        assert not strict.ok and "sign of a zero" in strict.message
+
+
+def test_failure_messages_give_each_allowance_in_its_unit_and_say_what_is_not_finite():
+    e = torch.tensor([1.0, 2.0, 1e-30, 4.0])
+    a = torch.tensor([1.0, 2.5, 1e-30, 4.0])
+    verdict = compare_output("y", e, a, Policy("f32", ulps=1, atol=1e-6, rel_l2=0.5))
+    worst = next(line for line in verdict.message.splitlines() if "worst element" in line)
+    assert "ulp (allowed |diff| " in worst and worst.endswith(" ulp)")  # the bound in both units
+    assert "inside the absolute allowance" not in verdict.message  # the worst ulps are at 2.0
+    near_zero = compare_output("y", e, torch.tensor([1.0, 2.0, 5e-7, 4.0]), Policy("f32", ulps=1, rel_l2=0.0, atol=1e-7))
+    assert "at an expected 1e-30, inside the absolute allowance 1e-07" in near_zero.message
+    nan = compare_output("y", e, torch.full((4,), float("nan")), Policy("f32", ulps=1, rel_l2=0.5))
+    assert not nan.ok and nan.metrics["max_ulps"] is None and nan.metrics["rel_l2"] is None
+    assert "NaN positions differ at 4 element(s)" in nan.message and "no element is finite on both sides" in nan.message
+    whole = compare_output("y", e, e + 1, Policy("f32", ulps=1, rel_l2=0.5))
+    assert "100% of elements differ" in whole.message and "allowed 100%" not in whole.message
+
+
+def test_an_exact_failure_names_the_position_it_differs_at_where_the_output_labels_it():
+    from harness.registry import components, get
+
+    components()
+    spec = get("attention").output_spec("s00.published")
+    assert spec.labels == ("compress_kv", "index_k", "topk_idxs", "candidates")
+    e = torch.tensor([[True, True, False, False], [False, True, False, False]])
+    a = e.clone()
+    a[1, 1] = False  # layer 1 did not publish its index keys
+    verdict = compare_output("s00.published", e, a, spec.base_policy())
+    assert "[1, 1] (index_k) | False | True" in verdict.message
+    assert "labels" not in spec.base_policy().to_json()  # a message aid, not part of the policy

@@ -307,6 +307,53 @@ def test_leak_rows_differ_only_at_minus_inf_ties():
                                    fill_is_worst=True).violations["out_of_range"] >= 1
 
 
+def test_a_mask_follows_its_blocks_so_tie_order_in_the_kept_blocks_is_one_accepted_difference(tmp_path):
+    """The mask is the rows of the kept blocks: where the blocks differ only in tie order, the mask
+    is judged given them and passes; the case fails at blocks alone, and passes with accept_ties."""
+    code, doc = _run(tmp_path, f"{WRONG}:LowestIndexTies", ["candidates.select"])
+    tied = [c for c in doc["cases"] if c["outputs"]["blocks"].get("rows_tie")]
+    assert code == 1 and len(tied) >= 3
+    for case in tied:
+        blocks, mask = case["outputs"]["blocks"], case["outputs"]["mask"]
+        assert case["status"] == "fail" and blocks["rows_miss"] == 0 and not blocks["ok"]
+        assert mask["ok"] and mask["given"] == ["blocks"] and mask["rederived_rows"] > 0, case["id"]
+        assert case["first_divergent_stage"] == "blocks"
+    (tmp_path / "p").mkdir()
+    project = make_project(tmp_path / "p", ["candidates.select"])
+    conf = yaml.safe_load((project / "conformance.yaml").read_text())
+    conf["impls"] = {"cuda-like-ties": {"python": f"{WRONG}:LowestIndexTies", "accept_ties": True}}
+    (project / "conformance.yaml").write_text(yaml.safe_dump(conf))
+    code, doc = _run(tmp_path, "cuda-like-ties", ["candidates.select"], project / "conformance.yaml")
+    assert code == 0 and {c["status"] for c in doc["cases"]} == {"pass"}
+    # a mask that is not whole blocks still fails: its blocks (first rows) are exact, it is not their rows
+    code, doc = _run(tmp_path, f"{WRONG}:PartialBlockMask", ["candidates.select"])
+    assert code == 1 and all(c["status"] == "fail" for c in doc["cases"])
+    for case in doc["cases"]:
+        assert case["outputs"]["blocks"]["ok"] and not case["outputs"]["mask"]["ok"], case["id"]
+        assert case["outputs"]["mask"]["given"] == ["blocks"] and "output 'mask'" in case["message"]
+
+
+def test_the_other_leak_policy_is_a_named_miss_that_accept_ties_does_not_rescue(tmp_path):
+    """Leak versus drop is a policy, not an order: a port that drops where the case leaks (or leaks
+    where it drops) fails those rows as misses naming the policy, even with accept_ties: true."""
+    project = make_project(tmp_path, SELECTING)
+    conf = yaml.safe_load((project / "conformance.yaml").read_text())
+    conf["impls"] = {"other-policy": {"python": f"{WRONG}:OtherLeakPolicy", "accept_ties": True}}
+    (project / "conformance.yaml").write_text(yaml.safe_dump(conf))
+    code, doc = _run(tmp_path, "other-policy", SELECTING, project / "conformance.yaml")
+    assert code == 1
+    cases = _by_id(doc)
+    for component in SELECTING:
+        for policy, said in (("upstream", "drop where the case leaks"), ("drop", "leak where the case drops")):
+            case = cases[f"{component}/leak-{policy}-r1-prefill-s21-blocks2-top1"]
+            ids = case["outputs"]["ids"]
+            assert case["status"] == "fail" and ids["rows_tie"] == 0 and ids["rows_miss"] == 7, (policy, ids)
+            assert f"7 row(s) {said}: the candidate_leak policy differs, not tie order" in case["message"]
+            assert ("(dropped)" if policy == "upstream" else "(leaked)") in case["message"]
+    passed = [c for c in doc["cases"] if c["status"] == "pass"]
+    assert len(passed) >= 10  # where nothing is masked out, the policy changes nothing
+
+
 def test_unpinned_newest_block_fails_candidates_select(tmp_path):
     code, doc = _run(tmp_path, f"{WRONG}:UnpinnedCandidates", ["candidates.select"])
     assert code == 1

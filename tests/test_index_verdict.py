@@ -152,7 +152,7 @@ def test_empty_and_one_dim_inputs() -> None:
     assert (v.rows, v.exact, v.lead_shape) == (1, 1, ())
     v = classify_index_rows(torch.full((2,), -1), torch.tensor([-1, 0]), torch.zeros(0))
     assert v.miss == 1
-    assert v.violations == {"out_of_range": 1, "duplicate": 0, "missing_id": 0, "unexpected_id": 1}
+    assert v.violations == {"out_of_range": 1, "duplicate": 0, "missing_id": 0, "unexpected_id": 1, "leaked": 0, "dropped": 0}
     assert v.first_miss.row == () and v.first_miss.kth_score is None
     v = classify_index_rows(torch.zeros(3, 0, 2, dtype=torch.long), torch.zeros(3, 0, 2, dtype=torch.long),
                             torch.zeros(3, 0, 5))
@@ -174,3 +174,23 @@ def test_bad_inputs_raise() -> None:
     with pytest.raises(ValueError, match="order"):
         classify_index_rows(torch.zeros(2, 2, dtype=torch.long), torch.zeros(2, 2, dtype=torch.long), s,
                             order="bag")  # type: ignore[arg-type]
+
+
+def test_leak_policy_rows_are_misses_and_an_order_among_masked_rows_stays_tie_order() -> None:
+    ninf = float("-inf")
+    scores = torch.tensor([[[5.0, ninf, ninf], [4.0, 3.0, ninf]]])  # [b=1, S=2, N=3]
+    limit = torch.tensor([[3, 3]])
+    expected = torch.tensor([[[0, 1], [0, 1]]])  # row 0 leaks masked row 1
+
+    def judge(actual, leak):
+        return classify_index_rows(expected, actual, scores, order="set", id_limit=limit, fill_is_worst=True, leak=leak)
+
+    dropped = judge(torch.tensor([[[0, -1], [0, 1]]]), "upstream")  # -1 for the leak, and no leak anywhere
+    assert (dropped.tie, dropped.miss, dropped.violations["dropped"]) == (0, 1, 1)
+    assert dropped.leak_policy == "1 row(s) drop where the case leaks"
+    assert judge(torch.tensor([[[0, -1], [0, 1]]]), None).tie == 1  # without the policy: a -1 lane ties at -inf
+    other = judge(torch.tensor([[[0, 2], [0, 1]]]), "upstream")  # another masked row: tie order
+    assert (other.tie, other.miss) == (1, 0)
+    leaked = classify_index_rows(torch.tensor([[[0, -1], [0, 1]]]), torch.tensor([[[0, 1], [0, 1]]]), scores,
+                                 order="set", id_limit=limit, fill_is_worst=True, leak="drop")
+    assert (leaked.miss, leaked.violations["leaked"], leaked.leak_policy) == (1, 1, "1 row(s) leak where the case drops")

@@ -46,7 +46,7 @@ def test_children_are_forked_from_the_preloaded_server_with_the_parents_environm
     monkeypatch.chdir(tmp_path)
     doc = _run(tmp_path / "rep", INTROSPECT, NORM, workers="2")
     facts = _facts(doc)
-    assert len(facts) == 4
+    assert len(facts) == 5
     for fact in facts:
         assert fact["ppid"] != str(os.getpid())  # the fork server's child, not this process's
         assert fact["parent"] == "forkserver"  # torch and the harness came with the fork

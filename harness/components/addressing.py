@@ -5,9 +5,9 @@ runtime's candidate restoration and block-table translation (seed A.4.2, A.4.3).
 `harness/reference/candidates.py`, `window.py`, `address.py`; docs/v41-reference.md §4.3,
 §5.3, §10.3; how ids are judged: docs/index-verdicts.md.
 
-`candidates.select` is judged twice: the keep mask exactly (the upstream contract), and the
-kept block ids the harness derives from that mask (`blocks`, index kind against the ranked
-block scores), so a differing mask is also classified as tie order only or a miss.
+`candidates.select` is judged along a chain (harness/chain/candidates.py): the kept block ids the
+harness derives from the returned mask (`blocks`, index kind against the ranked block scores:
+exact, tie order only, or a miss), then the mask exactly, given those blocks where they differ.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ..errors import CaseSpecError
 from ..reference import address as ad
 from ..reference import candidates as cd
 from ..reference import window as wn
+from ..chain.candidates import judge_candidates
 from ..registry import Component, OutputSpec, register
 from ..registry import ParamSpec as P
 from ..registry import TensorSpec as T
@@ -90,6 +91,11 @@ def _candidates_execute(call, inputs, params):
     return {**out, "blocks": _blocks_of(out.get("mask"), inputs["logits"], _candidate_args(params)[1])}
 
 
+def _candidates_chain(inputs, expected, aux, actual, params, judge, boundary):
+    """blocks, then the mask given them (harness/chain/candidates.py)."""
+    return judge_candidates(inputs, expected, aux, actual, params, judge, boundary)
+
+
 def _candidates_aux(inputs, params, outputs):
     topk_blocks, block = _candidate_args(params)
     sel = cd.select_candidate_blocks(inputs["logits"], inputs["compress_lens"], topk_blocks, block)
@@ -110,7 +116,8 @@ register(Component(
     ),
     returns=(T("mask", "bool", "b S W", "rows of the kept blocks"),),
     derived={"blocks": "the kept block ids of the returned mask, ascending, then -1 (the harness derives it, so a "
-                       "mask difference is also classified as tie order or a miss)"},
+                       "mask difference is also classified as tie order or a miss; where they differ, the mask is "
+                       "judged given them: the rows of your blocks)"},
     params=(P("topk_blocks", "int", "blocks kept per query (2048 in production)"),
             P("block_size", "int", "compressed rows per block (8 in production)", "rows")),
     dims={"b": "batch", "S": "queries", "W": "compressed rows", "nb": "ceil(W / block_size) blocks"},
@@ -118,6 +125,7 @@ register(Component(
     reference=candidates_reference,
     execute=_candidates_execute,
     aux=_candidates_aux,
+    chain=_candidates_chain,
     floor=5,
     notes="params: topk_blocks, block_size. logits are a source's visible index scores (rows >= "
           "compress_lens at -inf); compress_lens int64 [S]; implementations return only 'mask'.",

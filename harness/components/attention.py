@@ -248,7 +248,8 @@ OUTPUTS = (
                "sNN.lK.index_k_pre)", "bf16", "b G ihd", quant="fp4_e8m0", pre="{prefix}index_k_pre",
                pre_tail=ROPE_TAIL),
     OutputSpec("ring_pending", "f32", "the ratio-2 compressor ring's live slots", "f32", "b Pn 2 hd"),
-    OutputSpec("published", "exact", "layer l published compress_kv, index_k, topk_idxs, candidates", "bool", "L 4"),
+    OutputSpec("published", "exact", "layer l published compress_kv, index_k, topk_idxs, candidates", "bool", "L 4",
+               labels=SLOTS),
 )
 INTERMEDIATES = (
     OutputSpec("qr", "bf16", "q_norm(wq_a(x)), the normed query latent", "bf16", "b S q_lora",

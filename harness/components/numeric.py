@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import CaseSpecError
+from ..policy import ZERO_CODES
 from ..reference import fp8_linear as fp8
 from ..reference import numerics as nx
 from ..registry import Component, OutputSpec, register
@@ -49,7 +50,8 @@ register(Component(
     summary="round fp32 values in [-6, 6] onto the e2m1 grid, ties to the even code, sign and -0 kept",
     upstream="K41:116-199 (T.Cast to FP4)",
     inputs=(T("v", "f32", "...", "values in [-6, 6] (or beyond: they saturate)"),),
-    outputs=(OutputSpec("codes", "exact", "e2m1 codes: bit 3 sign, bits 0-2 magnitude index", "uint8", "..."),
+    outputs=(OutputSpec("codes", "exact", "e2m1 codes: bit 3 sign, bits 0-2 magnitude index", "uint8", "...",
+                        zero_codes=ZERO_CODES["e2m1"]),
              OutputSpec("y", "exact", "the grid values (sign kept, -0 included)", "f32", "...")),
     dims={"...": "any shape"},
     build=_e2m1_inputs,
@@ -113,13 +115,17 @@ def _quant_reference(function: str):
     return reference
 
 
-QUANT_OUTPUTS = (
-    OutputSpec("y", "exact", "dequantised values, as the reference writes them back in place", "bf16", "... D"),
-    OutputSpec("codes", "exact", "per element: e2m1 code (fp4: bit 3 sign, bits 0-2 index) or float8_e4m3fn "
-               "bits (fp8)", "uint8", "... D"),
-    OutputSpec("scale_bytes", "exact", "per block: float8_e4m3fn bits (fp4_e4m3) or e8m0 biased exponent "
-               "2^(byte-127)", "uint8", "... D/block"),
-)
+def quant_outputs(element: str) -> tuple[OutputSpec, ...]:
+    """A quantiser's outputs; its codes are e2m1 (fp4) or e4m3 (fp8), each with its two zero codes."""
+    return (
+        OutputSpec("y", "exact", "dequantised values, as the reference writes them back in place", "bf16", "... D"),
+        OutputSpec("codes", "exact", "per element: e2m1 code (fp4: bit 3 sign, bits 0-2 index) or float8_e4m3fn "
+                   "bits (fp8)", "uint8", "... D", zero_codes=ZERO_CODES[element]),
+        OutputSpec("scale_bytes", "exact", "per block: float8_e4m3fn bits (fp4_e4m3) or e8m0 biased exponent "
+                   "2^(byte-127)", "uint8", "... D/block"),
+    )
+
+
 QUANT_DIMS = {"...": "any leading dims", "D": "a multiple of the block", "D/block": "blocks per row"}
 
 # name, summary, upstream lines, block, the block max that gives scale 1, reference quantiser in numerics
@@ -134,7 +140,7 @@ QUANTISERS = (
 for _name, _summary, _upstream, _block, _top, _function in QUANTISERS:
     register(Component(name=_name, summary=_summary, upstream=_upstream,
                        inputs=(T("x", "bf16", "... D", f"blocks of {_block} along the last dim"),),
-                       outputs=QUANT_OUTPUTS, dims={**QUANT_DIMS, "block": str(_block)},
+                       outputs=quant_outputs("e4m3" if _name.startswith("quant.fp8") else "e2m1"), dims={**QUANT_DIMS, "block": str(_block)},
                        build=_quant_inputs(_block, _top, _name), reference=_quant_reference(_function), floor=4))
 
 
@@ -229,7 +235,8 @@ register(Component(
     inputs=(T("x", "bf16", "M K"), T("weight", "uint8", "N K", "float8_e4m3fn bit patterns"),
             T("weight_scale", "uint8", "N/32 K/32", "e8m0 tile scales 2^(byte-127), one per 32 x 32 tile")),
     outputs=(OutputSpec("y", "bf16", "act_quant(x) @ dequantised weight.T, per K block in fp32", "bf16", "M N"),
-             OutputSpec("x_codes", "exact", "the input's e4m3 codes after act_quant (block 32)", "uint8", "M K"),
+             OutputSpec("x_codes", "exact", "the input's e4m3 codes after act_quant (block 32)", "uint8", "M K",
+                        zero_codes=ZERO_CODES["e4m3"]),
              OutputSpec("x_scale_bytes", "exact", "the input's e8m0 block scales", "uint8", "M K/32")),
     dims={"M": "rows", "K": "input features, a multiple of 32", "N": "output features (any; a partial last "
           "tile row)", "N/32": "ceil(N / 32) tile rows", "K/32": "tiles along K"},

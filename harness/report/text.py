@@ -34,8 +34,10 @@ def failing_lines(case: dict, most: int = 8) -> list[str]:
     if case["status"] == "xpass":
         return [first_line(case.get("expectation") or "passed, but an expectation said it fails")]
     message = clean(case.get("message") or "")
-    heads = [line.strip() for line in message.splitlines()
-             if line.startswith("output '") or line.startswith("first divergent ")]
+    lines = message.splitlines()
+    heads = [line.strip() for line in lines if line.startswith("first divergent ")]
+    heads += [line.strip() for line in lines if line.startswith("diagnosis")]  # the likely cause, early
+    heads += [line.strip() for line in lines if line.startswith("output '")]
     hint = next((line.strip() for line in message.splitlines() if line.startswith("  to settle it: ")), "")
     if hint and heads:  # the first failure's hint: what to return so the harness can attribute it
         at = next((i for i, h in enumerate(heads) if h.startswith("output '")), len(heads))

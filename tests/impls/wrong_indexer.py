@@ -64,11 +64,22 @@ class WholeBufferSelect(ReferenceAdapter):
 
 
 class LowestIndexTies(ReferenceAdapter):
-    """Breaks top-k ties by lowest index (as CUDA tends to): differs only in tie order."""
+    """Breaks top-k ties by lowest index (as CUDA tends to), for rows and for candidate blocks:
+    differs only in tie order."""
 
     def run(self, component, inputs, params):
-        with patched(ix, "torch_cpu_topk", lowest_index_topk):
+        with patched(ix, "torch_cpu_topk", lowest_index_topk), patched(cd, "torch_cpu_topk", lowest_index_topk):
             return super().run(component, inputs, params)
+
+
+class OtherLeakPolicy(ReferenceAdapter):
+    """Follows the other candidate_leak policy than the case's: drop where it leaks, leak where it drops."""
+
+    def run(self, component, inputs, params):
+        if "candidate_leak" in params or component in ("indexer", "indexer.select"):
+            other = "drop" if params.get("candidate_leak", "upstream") == "upstream" else "upstream"
+            params = {**params, "candidate_leak": other}
+        return super().run(component, inputs, params)
 
 
 class UnpinnedCandidates(ReferenceAdapter):
@@ -81,6 +92,19 @@ class UnpinnedCandidates(ReferenceAdapter):
         top, block = int(params["topk_blocks"]), int(params["block_size"])
         sel = cd.select_candidate_blocks(inputs["logits"], no_pin, top, block)
         return {"mask": sel.mask}
+
+
+class PartialBlockMask(ReferenceAdapter):
+    """Drops the last row of every kept block of two or more rows from the candidate mask."""
+
+    def run(self, component, inputs, params):
+        out = super().run(component, inputs, params)
+        if component == "candidates.select":
+            block = int(params["block_size"])
+            mask = out["mask"].clone()
+            last = torch.arange(mask.shape[-1]) % block == block - 1
+            out["mask"] = mask & ~(last if block > 1 else torch.zeros_like(last))
+        return out
 
 
 class DecodeAddressWithB(ReferenceAdapter):
@@ -169,6 +193,6 @@ class ScoresUnroundedDots(ScoresVariant):
 
 __all__ = [
     "Bf16HeadSum", "ScoresDropLastHead", "ScoresUnroundedDots", "ScoresWithoutRelu",
-    "DecodeAddressWithB", "Float64Indexer", "LowestIndexTies", "PrefixOffByOne", "UnpinnedCandidates",
+    "DecodeAddressWithB", "Float64Indexer", "LowestIndexTies", "OtherLeakPolicy", "PartialBlockMask", "PrefixOffByOne", "UnpinnedCandidates",
     "WholeBufferSelect", "lowest_index_topk",
 ]

@@ -1,0 +1,81 @@
+"""What the diagnosis of failing cases costs (docs/diagnosis.md): a run of wrong implementations over
+small-tier cases, judged with the diagnosis on and off, side by side in one process.
+
+Prints, per implementation and in total, the failing cases, the seconds with and without the
+diagnosis, the extra per failing case, and what 100 failing cases of this mix pay for it (the
+budget per case bounds the worst: --budget, default the harness's 30 s).
+
+    python benchmarks/diagnosis_cost.py [--budget SECONDS] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "impls")]
+
+from harness.config import DIAGNOSIS_BUDGET, load_config  # noqa: E402
+from harness.golden import read_manifest  # noqa: E402
+from harness.ids import matches, parse_select  # noqa: E402
+from harness.runner import run_case  # noqa: E402
+
+
+def mix() -> list[tuple[str, object, str]]:
+    """(label, implementation, cases): a spread of components, from quantisers to attention."""
+    import wrong
+    import wrong_compressor
+    import wrong_fp8
+    import wrong_indexer
+    import wrong_kernels
+
+    return [
+        ("TiesAwayE2M1", wrong.TiesAwayE2M1(), "quant.*"),
+        ("ScoresWithoutRelu", wrong_indexer.ScoresWithoutRelu(), "indexer.scores/*"),
+        ("LowestIndexTies", wrong_indexer.LowestIndexTies(), "indexer.select/*"),
+        ("Unquantised", wrong_fp8.Unquantised(), "linear.fp8/*-4x256x64,linear.fp8/saturating-*"),
+        ("ChannelSoftmax", wrong_compressor.ChannelSoftmax(), "compressor/r2-tiny-*"),
+        ("NormBf16BeforeWeight", wrong_kernels.NormBf16BeforeWeight(), "attention/a-p21-d1x11-upstream"),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, default=DIAGNOSIS_BUDGET)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    config = load_config(ROOT / "conformance.yaml")
+    manifest = read_manifest(config.goldens)
+    on, off = replace(config, diagnosis_budget=args.budget), replace(config, diagnosis_budget=0.0)
+    total_on = total_off = 0.0
+    total_failing = 0
+    print(f"{'implementation':22s} {'failing':>7s} {'off s':>8s} {'on s':>8s} {'extra/case s':>12s}  named")
+    for label, impl, pattern in mix():
+        ids = [c for c in sorted(manifest) if matches(c, parse_select(pattern))]
+
+        def timed(cfg):
+            start = time.perf_counter()
+            results = [run_case(c, cfg, impl, label, manifest) for c in ids]
+            return time.perf_counter() - start, results
+
+        t_off = min(timed(off)[0] for _ in range(args.repeats))
+        runs = [timed(on) for _ in range(args.repeats)]
+        t_on, results = min(runs, key=lambda r: r[0])
+        failing = [r for r in results if r.status in ("fail", "error")]
+        named = sorted({m["variant"] for r in failing for m in (r.diagnosis or {}).get("matches", [])})
+        extra = (t_on - t_off) / max(len(failing), 1)
+        print(f"{label:22s} {len(failing):7d} {t_off:8.2f} {t_on:8.2f} {extra:12.3f}  {', '.join(named) or '-'}")
+        total_on, total_off, total_failing = total_on + t_on, total_off + t_off, total_failing + len(failing)
+    per_case = (total_on - total_off) / max(total_failing, 1)
+    print(f"{'all':22s} {total_failing:7d} {total_off:8.2f} {total_on:8.2f} {per_case:12.3f}")
+    print(f"100 failing cases of this mix pay {100 * per_case:.0f} s for their diagnosis "
+          f"(at most {100 * args.budget:.0f} s with the budget of {args.budget:g} s per case); "
+          f"with the diagnosis on, this run took {total_on / max(total_off, 1e-9):.2f}x its time without")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,379 @@
+"""The catalogue of known porting bugs: each one small, named deviation in one reference function.
+
+A variant changes one thing (a rounding point, a layout, a block size, a scale rule, a policy, an
+order) and nothing else; the diagnosis re-runs the reference on a failing case's inputs under it
+(harness/diagnosis/diagnose.py). `components` lists the components whose outputs it can change.
+docs/diagnosis.md lists every variant with what it changes and the port it was seen in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, ContextManager
+
+import torch
+
+from .patching import constant, replaced
+
+REF = "harness.reference"
+NUMERICS, ROPE, INDEXER = f"{REF}.numerics", f"{REF}.rope", f"{REF}.indexer"
+
+# Component patterns: where each reference function's arithmetic reaches.
+NORM_USERS = ("norm.rms", "compressor", "kv.finish", "attention")
+ROPE_USERS = ("rope.apply", "kv.finish", "compressor", "indexer", "attention")
+TABLE_USERS = ("rope.yarn_table", "rope.apply", "kv.finish", "compressor", "indexer", "attention")
+E2M1_USERS = ("quant.e2m1", "quant.fp4_*", "kv.finish", "compressor", "indexer", "attention")
+FP4_E4M3_USERS = ("quant.fp4_e4m3", "kv.finish", "compressor", "attention")
+FP8_USERS = ("quant.fp8_ue8m0", "linear.fp8", "attention", "indexer")
+POW2_USERS = ("quant.fp4_e8m0", "quant.fp8_ue8m0", "linear.fp8", "kv.finish", "compressor", "indexer", "attention")
+SCORE_USERS = ("indexer.scores", "indexer", "attention")
+SELECT_USERS = ("indexer.select", "indexer", "candidates.select", "attention", "topk.*")
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str  # short, stable: "rmsnorm-bf16-before-weight"
+    summary: str  # what a port with this bug does, as the report says it ("RMSNorm rounds ...")
+    changes: str  # the reference function (or params field) it changes, and how
+    components: tuple[str, ...]  # fnmatch patterns of the components it can change
+    apply: Callable[[], ContextManager] = contextlib.nullcontext  # the deviation, for a `with`
+    params: Callable[[dict], dict | None] | None = None  # or instead: the case's params it flips (None: n/a)
+
+
+def _wrap(target: str, around: Callable[[Any], Callable]) -> Callable[[], ContextManager]:
+    return lambda: replaced(target, around)
+
+
+def _both(*makers: Callable[[], ContextManager]) -> Callable[[], ContextManager]:
+    @contextlib.contextmanager
+    def apply() -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for make in makers:
+                stack.enter_context(make())
+            yield
+
+    return apply
+
+
+# --- RMSNorm ---------------------------------------------------------------------------------
+
+
+def _norm_bf16_before_weight(original):
+    def rms_norm(x, weight, eps=1e-20):
+        unit = original(x, torch.ones_like(weight, dtype=torch.float32), eps)  # x * rsqrt, rounded to x.dtype
+        return (weight.float() * unit.float()).to(x.dtype)
+
+    return rms_norm
+
+
+def _norm_eps_times(factor: float):
+    def make(original):
+        def rms_norm(x, weight, eps=1e-20):
+            return original(x, weight, eps * factor)
+
+        return rms_norm
+
+    return make
+
+
+# --- RoPE --------------------------------------------------------------------------------------
+
+
+def _rope_bf16_table(original):
+    def apply_rotary(x, table, rope_dim, inverse=False):
+        return original(x, table.to(torch.bfloat16).float(), rope_dim, inverse)
+
+    return apply_rotary
+
+
+def _tail_order(rope_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gather, scatter) of the tail channels: halves (j, j + rd/2) as interleaved pairs and back."""
+    half = rope_dim // 2
+    gather = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()
+    return gather, torch.argsort(gather)
+
+
+def _rope_halves(original):
+    def apply_rotary(x, table, rope_dim, inverse=False):
+        gather, scatter = _tail_order(rope_dim)
+        head, tail = x[..., :-rope_dim], x[..., -rope_dim:]
+        turned = original(tail[..., gather].contiguous(), table, rope_dim, inverse)
+        return torch.cat([head, turned[..., scatter]], dim=-1)
+
+    return apply_rotary
+
+
+def _rope_first_dims(original):
+    def apply_rotary(x, table, rope_dim, inverse=False):
+        moved = torch.cat([x[..., rope_dim:], x[..., :rope_dim]], dim=-1)
+        turned = original(moved, table, rope_dim, inverse)
+        return torch.cat([turned[..., -rope_dim:], turned[..., :-rope_dim]], dim=-1)
+
+    return apply_rotary
+
+
+def _yarn_betas_swapped(original):
+    def yarn_correction_range(dim, base, original_seq_len, beta_fast, beta_slow):
+        return original(dim, base, original_seq_len, beta_slow, beta_fast)
+
+    return yarn_correction_range
+
+
+# --- quantisers --------------------------------------------------------------------------------
+
+
+def _e2m1_sign_lost(original):
+    def e2m1_round(v):
+        q = original(v)
+        return torch.where(q == 0, torch.zeros_like(q), q)  # sign(v) * table[i]: -0 comes out +0
+
+    return e2m1_round
+
+
+def _pow2_floor(original):
+    def pow2_ceil(y):
+        up = original(y)
+        return torch.where(up == y, up, up / 2)  # 2^floor(log2 y): one binade down unless exact
+
+    return pow2_ceil
+
+
+def _fp8_blocks(block: int):
+    """Scales computed over `block` elements, stored per block of 32 as the contract lays them out."""
+
+    def make(original):
+        def fp8_qdq_ue8m0(x, b=32):
+            if x.shape[-1] % block:
+                return original(x, b)
+            q = original(x, block)
+            times = block // b
+            return type(q)(q.y, q.codes, q.scale_bytes.repeat_interleave(times, -1), q.scales.repeat_interleave(times, -1))
+
+        return fp8_qdq_ue8m0
+
+    return make
+
+
+def _e2m1_ties_away(original):
+    def e2m1_round(v):
+        q = original(v)
+        mag, step = v.abs().clamp(max=6.0), torch.where(v.abs() < 2.0, 0.5, torch.where(v.abs() < 4.0, 1.0, 2.0))
+        tie = (mag / step - torch.floor(mag / step)) == 0.5  # exactly between two codes
+        up = torch.copysign(((torch.floor(mag / step) + 1) * step).clamp(max=6.0), v)
+        return torch.where(tie, up, q)
+
+    return e2m1_round
+
+
+def _fp4_e4m3_as_pow2_blocks32():
+    from ..reference import numerics as nx
+
+    def make(original):
+        def fp4_qdq_e4m3(x, block=16):
+            if x.shape[-1] % 32:
+                return original(x, block)
+            return nx.fp4_qdq_e8m0(x, 32)
+
+        return fp4_qdq_e4m3
+
+    return make
+
+
+def _fp4_e4m3_bf16_scale(original):
+    from ..reference import numerics as nx
+
+    def fp4_qdq_e4m3(x, block=16):
+        xg = nx._blocks(x, block, "fp4_qdq_e4m3")
+        amax = xg.abs().amax(dim=-1).clamp_min(nx.FP4_E4M3_AMAX_FLOOR)
+        s = (amax / nx.E2M1_MAX).to(torch.bfloat16).float()  # the scale kept in bf16, not e4m3
+        codes, y = nx._fp4_codes_and_y(xg, s)
+        return nx.QuantResult(y, codes, original(x, block).scale_bytes, s)
+
+    return fp4_qdq_e4m3
+
+
+# --- fp8 Linear --------------------------------------------------------------------------------
+
+
+def _no_act_quant(original):
+    from ..reference import fp8_linear as fp8
+    from ..reference import numerics as nx
+
+    def linear_fp8(x, weight):
+        done = original(x, weight)
+        y = nx.linear_bf16(x, fp8.dequantise_weight(weight).to(torch.bfloat16))  # bf16 activations
+        return fp8.Fp8LinearResult(y, done.x_codes, done.x_scale_bytes)
+
+    return linear_fp8
+
+
+# --- index scores ------------------------------------------------------------------------------
+
+
+def _scores(relu: bool = True, weights: bool = True, rounded: bool = True):
+    """`_scores_and_terms` with one of its steps changed: ReLU, head weights, or bf16 rounding."""
+
+    def make(original):
+        def scores_and_terms(q, k, w, with_terms):
+            if rounded and relu and weights:
+                return original(q, k, w, with_terms)
+            out, terms = original(q, k, w, with_terms)  # the term scales stay the reference's
+            dots = torch.einsum("bshd,btd->bsht", q.double(), k.double())
+            s = dots.float()
+            s = s.to(torch.bfloat16).float() if rounded else s
+            s = s.relu() if relu else s
+            ww = w.float()[..., None] if weights else torch.ones_like(w.float())[..., None]
+            p = s * ww
+            p = p.to(torch.bfloat16).float() if rounded else p
+            total = p.double().sum(dim=2).float()
+            return (total.to(torch.bfloat16) + 0.0), terms
+
+        return scores_and_terms
+
+    return make
+
+
+def _lowest_index_topk(original):
+    def torch_cpu_topk(values, k, dim=-1, largest=True, sorted=True):
+        order = torch.sort(values.float(), dim=dim, descending=largest, stable=True).indices.narrow(dim, 0, k)
+        return values.gather(dim, order), order
+
+    return torch_cpu_topk
+
+
+# --- candidates, window, compressor, sparse attention ----------------------------------------
+
+
+def _blocks_padded_with_zero(original):
+    def select_candidate_blocks(logits, compress_lens, topk_blocks, block_size):
+        W = logits.shape[-1]
+        pad = -W % block_size
+        if not pad:
+            return original(logits, compress_lens, topk_blocks, block_size)
+        padded = torch.cat([logits, torch.zeros(*logits.shape[:-1], pad, dtype=logits.dtype)], dim=-1)
+        sel = original(padded, compress_lens, topk_blocks, block_size)
+        return type(sel)(sel.mask[..., :W], *sel[1:])
+
+    return select_candidate_blocks
+
+
+def _newest_first(original):
+    def window_ids(*args, **kwargs):
+        return original(*args, **kwargs).flip(-1).contiguous()  # the ring read backwards: newest lane first
+
+    return window_ids
+
+
+def _gate_softmax_over_channels(original):
+    def pool_group(group):
+        score, latent = group[:, :, 0].double(), group[:, :, 1].double()
+        weights = torch.softmax(score, dim=-1)  # over the head dim, not over the group's positions
+        return (latent * weights).sum(dim=1).float()
+
+    return pool_group
+
+
+def _sink_scaled(original):
+    def sparse_attn(q, kv, attn_sink, topk_idxs, softmax_scale):
+        return original(q, kv, attn_sink * softmax_scale, topk_idxs, softmax_scale)
+
+    return sparse_attn
+
+
+def _sink_left_out(original):
+    def sparse_attn(q, kv, attn_sink, topk_idxs, softmax_scale):
+        return original(q, kv, torch.full_like(attn_sink, float("-inf")), topk_idxs, softmax_scale)
+
+    return sparse_attn
+
+
+def _flip(key: str, values: tuple[str, str], default: str) -> Callable[[dict], dict | None]:
+    def params(p: dict) -> dict | None:
+        now = p.get(key, default)
+        return {**p, key: values[1] if now == values[0] else values[0]}
+
+    return params
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant("rmsnorm-bf16-before-weight", "RMSNorm rounds x * rsqrt(mean(x^2) + eps) to bf16 before the weight "
+            "multiply (two roundings: weight * x.to(bf16))", "numerics.rms_norm: one rounding more", NORM_USERS,
+            _wrap(f"{NUMERICS}:rms_norm", _norm_bf16_before_weight)),
+    Variant("rmsnorm-eps", "RMSNorm with 10x the model's eps", "numerics.rms_norm: eps * 10", NORM_USERS,
+            _wrap(f"{NUMERICS}:rms_norm", _norm_eps_times(10.0))),
+    Variant("rope-bf16-table", "RoPE with cos/sin rounded to bf16 before the rotation",
+            "rope.apply_rotary: the fp32 table rounded to bf16", ROPE_USERS, _wrap(f"{ROPE}:apply_rotary", _rope_bf16_table)),
+    Variant("rope-halves", "RoPE pairs channels (j, j + rope_dim/2) (rotate_half) where upstream pairs (2i, 2i + 1)",
+            "rope.apply_rotary: the tail's layout", ROPE_USERS, _wrap(f"{ROPE}:apply_rotary", _rope_halves)),
+    Variant("rope-first-dims", "RoPE on the first rope_dim channels instead of the last",
+            "rope.apply_rotary: which channels rotate", ROPE_USERS, _wrap(f"{ROPE}:apply_rotary", _rope_first_dims)),
+    Variant("yarn-betas-swapped", "YaRN ramp with beta_fast and beta_slow swapped",
+            "rope.yarn_correction_range: the betas' order", TABLE_USERS,
+            _wrap(f"{ROPE}:yarn_correction_range", _yarn_betas_swapped)),
+    Variant("e2m1-minus-zero-lost", "fp4 (e2m1) rounding turns -0 into +0 (sign(v) * table[i], or a dequantisation "
+            "table with +0 at the code of -0)", "numerics.e2m1_round: the sign of zero", E2M1_USERS,
+            _wrap(f"{NUMERICS}:e2m1_round", _e2m1_sign_lost)),
+    Variant("e2m1-ties-away", "fp4 (e2m1) rounding with ties away from zero instead of to the even code",
+            "numerics.e2m1_round: tie rule", E2M1_USERS, _wrap(f"{NUMERICS}:e2m1_round", _e2m1_ties_away)),
+    Variant("pow2-scale-floor", "power-of-two scales rounded down (floor) instead of up (ceil)",
+            "numerics.pow2_ceil: floor", POW2_USERS, _wrap(f"{NUMERICS}:pow2_ceil", _pow2_floor)),
+    Variant("fp8-blocks-64", "fp8 act_quant / window quantisation in blocks of 64 instead of 32",
+            "numerics.fp8_qdq_ue8m0: block 64", FP8_USERS, _wrap(f"{NUMERICS}:fp8_qdq_ue8m0", _fp8_blocks(64))),
+    Variant("fp8-blocks-128", "fp8 act_quant / window quantisation in blocks of 128 instead of 32",
+            "numerics.fp8_qdq_ue8m0: block 128", FP8_USERS, _wrap(f"{NUMERICS}:fp8_qdq_ue8m0", _fp8_blocks(128))),
+    Variant("fp8-no-amax-floor", "fp8 quantisation without the amax floor of 1e-4 (tiny blocks get tiny scales)",
+            "numerics.FP8_AMAX_FLOOR: 448 * 2^-126", FP8_USERS,
+            lambda: constant(f"{NUMERICS}:FP8_AMAX_FLOOR", 448.0 * 2.0 ** -126)),
+    Variant("fp4-e4m3-as-pow2-blocks-32", "compressed-KV fp4 in blocks of 32 with power-of-two scales where "
+            "upstream uses blocks of 16 with e4m3 scales", "numerics.fp4_qdq_e4m3: fp4_qdq_e8m0 block 32",
+            FP4_E4M3_USERS, lambda: replaced(f"{NUMERICS}:fp4_qdq_e4m3", _fp4_e4m3_as_pow2_blocks32())),
+    Variant("fp4-e4m3-scale-bf16", "compressed-KV fp4 scales kept in bf16 instead of e4m3",
+            "numerics.fp4_qdq_e4m3: scale rounding", FP4_E4M3_USERS,
+            _wrap(f"{NUMERICS}:fp4_qdq_e4m3", _fp4_e4m3_bf16_scale)),
+    Variant("fp8-linear-without-act-quant", "fp8 Linears without act_quant: bf16 activations times the dequantised "
+            "weight", "fp8_linear.linear_fp8: no activation quantisation", FP8_USERS,
+            _wrap(f"{REF}.fp8_linear:linear_fp8", _no_act_quant)),
+    Variant("index-scores-fp32", "index scores kept in fp32 through the dot products, ReLU * w and the head sum "
+            "(upstream rounds to bf16 at each)", "indexer._scores_and_terms: no intermediate roundings",
+            SCORE_USERS, _wrap(f"{INDEXER}:_scores_and_terms", _scores(rounded=False))),
+    Variant("index-scores-without-relu", "index scores without the ReLU of each head's dot product",
+            "indexer._scores_and_terms: no ReLU", SCORE_USERS, _wrap(f"{INDEXER}:_scores_and_terms", _scores(relu=False))),
+    Variant("index-scores-without-head-weights", "index scores summed over heads without the head weights",
+            "indexer._scores_and_terms: w = 1", SCORE_USERS,
+            _wrap(f"{INDEXER}:_scores_and_terms", _scores(weights=False))),
+    Variant("topk-lowest-index-ties", "top-k breaking ties by the lowest index (a stable sort, CUDA-like or "
+            "argpartition) instead of torch's CPU order", "topk.torch_cpu_topk: stable order", SELECT_USERS,
+            _wrap(f"{REF}.topk:torch_cpu_topk", _lowest_index_topk)),
+    Variant("candidate-leak-other-policy", "the other candidate_leak policy: drop (-1) where the case leaks masked "
+            "rows, or leak where it drops", "params.candidate_leak flipped", ("indexer.select", "indexer"),
+            params=_flip("candidate_leak", ("upstream", "drop"), "upstream")),
+    Variant("candidate-blocks-zero-padding", "candidate blocks padded with 0 instead of -inf past the last row",
+            "candidates.select_candidate_blocks: padding value", ("candidates.select", "attention"),
+            _wrap(f"{REF}.candidates:select_candidate_blocks", _blocks_padded_with_zero)),
+    Variant("window-newest-first", "window lanes ordered newest first instead of oldest first",
+            "window.window_ids_*: order", ("window.indices", "attention"),
+            _both(_wrap(f"{REF}.window:window_ids_prefill", _newest_first),
+                  _wrap(f"{REF}.window:window_ids_decode", _newest_first),
+                  _wrap(f"{REF}.window:window_ids_chunk", _newest_first))),
+    Variant("gate-softmax-over-channels", "the compressor's gate softmax taken over the channels instead of over "
+            "the group's positions", "compressor.pool_group: softmax axis", ("compressor", "attention"),
+            _wrap(f"{REF}.compressor:pool_group", _gate_softmax_over_channels)),
+    Variant("sink-left-out", "sparse attention without the sink in the softmax denominator",
+            "sparse_attn.sparse_attn: sink -inf", ("sparse_attn", "attention"),
+            _wrap(f"{REF}.sparse_attn:sparse_attn", _sink_left_out)),
+    Variant("sink-scaled", "the sink logit multiplied by softmax_scale like the scores (it is a raw logit)",
+            "sparse_attn.sparse_attn: sink * softmax_scale", ("sparse_attn", "attention"),
+            _wrap(f"{REF}.sparse_attn:sparse_attn", _sink_scaled)),
+    Variant("stale-index-keys-other-policy", "the other index-key policy: stale keys read where the case refreshes "
+            "them, or refreshed where it reads them stale (§10.1)", "params.index_k_policy flipped", ("attention",),
+            params=_flip("index_k_policy", ("upstream", "fixed"), "upstream")),
+)
+
+
+def variant(name: str) -> Variant:
+    for v in VARIANTS:
+        if v.name == name:
+            return v
+    raise KeyError(f"no diagnosis variant {name!r}; known: {', '.join(v.name for v in VARIANTS)}")

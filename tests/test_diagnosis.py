@@ -1,0 +1,164 @@
+"""The diagnosis of failing cases (docs/diagnosis.md, harness/diagnosis): every variant of the catalogue
+is named for an implementation with that bug, independently written wrong kernels get theirs, a bug
+outside the catalogue is named as none, correct gates get no diagnosis, and the budget holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+
+import pytest
+
+from conftest import ROOT
+from harness.adapters.reference import ReferenceAdapter
+from harness.config import load_config
+from harness.diagnosis import VARIANTS
+from harness.diagnosis.variants import variant
+from harness.golden import read_manifest
+from harness.ids import matches, parse_select
+from harness.runner import run_case
+from impls import wrong, wrong_attention, wrong_compressor, wrong_fp8, wrong_indexer, wrong_kernels
+from impls.gate_upstream import UpstreamTorch
+from impls.rope_tables import SwappedRamp
+
+CONFIG = replace(load_config(ROOT / "conformance.yaml"), diagnosis_budget=60.0)
+MANIFEST = read_manifest(CONFIG.goldens)
+
+# Where each variant shows, in cheap cases (the first two of the pattern it changes are judged).
+WHERE = {
+    "rmsnorm-bf16-before-weight": "norm.rms/*", "rmsnorm-eps": "norm.rms/small-rows-*",
+    "rope-bf16-table": "rope.apply/*", "rope-halves": "rope.apply/*", "rope-first-dims": "rope.apply/*",
+    "yarn-betas-swapped": "rope.yarn_table/*", "e2m1-minus-zero-lost": "quant.fp4_e8m0/*",
+    "e2m1-ties-away": "quant.e2m1/*", "pow2-scale-floor": "quant.fp8_ue8m0/*", "fp8-blocks-64": "quant.fp8_ue8m0/*",
+    "fp8-blocks-128": "quant.fp8_ue8m0/*", "fp8-no-amax-floor": "quant.fp8_ue8m0/zero-blocks-*",
+    "fp4-e4m3-as-pow2-blocks-32": "quant.fp4_e4m3/*", "fp4-e4m3-scale-bf16": "quant.fp4_e4m3/*",
+    "fp8-linear-without-act-quant": "linear.fp8/*-4x256x64",
+    "index-scores-fp32": "indexer.scores/*", "index-scores-without-relu": "indexer.scores/*",
+    "index-scores-without-head-weights": "indexer.scores/*", "topk-lowest-index-ties": "indexer.select/*",
+    "candidate-leak-other-policy": "indexer.select/leak-*", "candidate-blocks-zero-padding": "candidates.select/r1-prefill-*",
+    "window-newest-first": "window.indices/*", "gate-softmax-over-channels": "compressor/r2-tiny-*",
+    "sink-left-out": "sparse_attn/*", "sink-scaled": "sparse_attn/*",
+    "stale-index-keys-other-policy": "attention/a-p21-d3-d4-d1x4-gen-fixed",
+}
+STRICT = {"strict_signed_zeros": True}  # the sign of zero is accepted otherwise: nothing to diagnose
+
+
+class WithVariant(ReferenceAdapter):
+    """The reference with one variant of the catalogue: a port that has exactly that bug."""
+
+    def __init__(self, name: str):
+        self.variant = variant(name)
+
+    def run(self, component, inputs, params):
+        if self.variant.params is not None:
+            return super().run(component, inputs, self.variant.params(params))
+        with self.variant.apply():
+            return super().run(component, inputs, params)
+
+
+def cases(pattern: str, most: int = 2) -> list[str]:
+    return [c for c in sorted(MANIFEST) if matches(c, parse_select(pattern))][:most]
+
+
+def diagnosed(impl, pattern: str, most: int = 2, impl_conf: dict | None = None) -> list:
+    return [r for r in (run_case(c, CONFIG, impl, "x", MANIFEST, impl_conf) for c in cases(pattern, most))
+            if r.status in ("fail", "error")]
+
+
+def named(result) -> list[str]:
+    return [m["variant"] for m in (result.diagnosis or {}).get("matches", [])]
+
+
+def test_every_variant_is_placed_and_documented():
+    assert set(WHERE) == {v.name for v in VARIANTS}
+    doc = (ROOT / "docs" / "diagnosis.md").read_text()
+    for v in VARIANTS:
+        assert f"`{v.name}`" in doc, v.name
+
+
+@pytest.mark.parametrize("name", sorted(WHERE))
+def test_a_port_with_the_bug_gets_that_diagnosis(name):
+    conf = STRICT if name == "e2m1-minus-zero-lost" else None
+    failed = diagnosed(WithVariant(name), WHERE[name], most=3, impl_conf=conf)
+    assert failed, f"{name} changes none of {WHERE[name]}"
+    for result in failed:
+        assert name in named(result), (result.id, result.diagnosis, result.message[:400])
+        assert f"[{name}]" in result.message and "bit-identical" in result.message
+
+
+INDEPENDENT = [  # wrong kernels written apart from the catalogue (tests/impls), and what they are
+    (wrong_compressor.ChannelSoftmax(), "compressor/r2-tiny-*", "gate-softmax-over-channels"),
+    (wrong_kernels.NormBf16BeforeWeight(), "attention/a-p21-d1x11-upstream", "rmsnorm-bf16-before-weight"),
+    (wrong_kernels.WindowNewestFirst(), "attention/a-p21-d1x11-upstream", "window-newest-first"),
+    (wrong_attention.SinkScaled(), "sparse_attn/*", "sink-scaled"),
+    (wrong.TiesAwayE2M1(), "quant.e2m1/*", "e2m1-ties-away"),
+    (wrong_fp8.Block128(), "linear.fp8/*-4x256x64", "fp8-blocks-128"),
+    (wrong_fp8.Unquantised(), "linear.fp8/*-4x256x64", "fp8-linear-without-act-quant"),
+    (wrong_indexer.ScoresWithoutRelu(), "indexer.scores/*", "index-scores-without-relu"),
+    (wrong_indexer.LowestIndexTies(), "indexer.select/*", "topk-lowest-index-ties"),
+    (wrong_indexer.OtherLeakPolicy(), "indexer/leak-*", "candidate-leak-other-policy"),
+    (SwappedRamp(), "rope.yarn_table/*", "yarn-betas-swapped"),
+]
+
+
+@pytest.mark.parametrize("impl, pattern, name", INDEPENDENT, ids=[n for _, _, n in INDEPENDENT])
+def test_independently_written_wrong_kernels_get_their_diagnosis(impl, pattern, name):
+    failed = diagnosed(impl, pattern)
+    assert failed
+    for result in failed:
+        assert named(result)[:1] == [name] or name in named(result), (result.id, result.diagnosis)
+        first = [line for line in result.message.splitlines() if line.startswith("diagnosis")]
+        assert first and "matches:" in first[0]
+
+
+def test_a_bug_outside_the_catalogue_is_named_as_none():
+    for impl, pattern in ((wrong_compressor.CastAfterNorm(), "compressor/r2-tiny-*"),
+                          (wrong_indexer.Bf16HeadSum(), "indexer.scores/*"),
+                          (wrong_indexer.UnpinnedCandidates(), "candidates.select/*")):
+        failed = diagnosed(impl, pattern)
+        assert failed
+        for result in failed:
+            assert result.diagnosis["matches"] == [] and result.diagnosis["tried"] > 0
+            assert "known porting bug(s) tried reproduces these outputs" in result.message
+
+
+def test_correct_gates_get_no_diagnosis():
+    for case_id in cases("indexer*", 40) + cases("compressor/r2-tiny-*", 4) + cases("quant.*", 20):
+        result = run_case(case_id, CONFIG, UpstreamTorch(), "upstream", MANIFEST)
+        assert result.status in ("pass", "unsupported") and result.diagnosis is None, (case_id, result.status)
+
+
+def test_the_budget_bounds_the_diagnosis_and_zero_turns_it_off():
+    impl = wrong_compressor.ChannelSoftmax()
+    case_id = cases("compressor/r2-tiny-*", 1)[0]
+    tight = run_case(case_id, replace(CONFIG, diagnosis_budget=1e-6), impl, "x", MANIFEST)
+    assert tight.diagnosis["tried"] == 1 and "time budget" in tight.diagnosis["stopped"]
+    assert "diagnosis stopped: time budget" in tight.message
+    off = run_case(case_id, replace(CONFIG, diagnosis_budget=0.0), impl, "x", MANIFEST)
+    assert off.status == "fail" and off.diagnosis is None and "diagnosis" not in off.message
+
+
+def test_the_diagnosis_is_in_every_report(tmp_path):
+    from conftest import results, run_cli
+
+    out = tmp_path / "rep"
+    proc = run_cli("run", "--impl", f"{ROOT}/tests/impls/wrong_indexer.py:ScoresWithoutRelu", "--select",
+                   "indexer.scores/*", "--report-dir", str(out), "--diagnosis-budget", "30")
+    assert proc.returncode == 1
+    doc = results(out)
+    failing = [c for c in doc["cases"] if c["status"] == "fail"]
+    assert failing and all(c["diagnosis"]["matches"][0]["variant"] == "index-scores-without-relu" for c in failing)
+    said = "matches: index scores without the ReLU"
+    assert said in proc.stdout
+    for report in ("summary.md", "report.html", "junit.xml"):
+        assert said in (out / report).read_text(), report
+
+
+def test_no_variant_leaks_out_of_its_block():
+    """Each variant restores what it replaced: the reference passes its own goldens afterwards."""
+    for v in VARIANTS:
+        with (v.apply() if v.params is None else contextlib.nullcontext()):
+            pass
+    for case_id in cases("quant.*", 20) + cases("norm.rms/*", 4) + cases("rope.apply/*", 5):
+        assert run_case(case_id, CONFIG, ReferenceAdapter(), "reference", MANIFEST).status == "pass", case_id
