@@ -35,6 +35,7 @@ accepted unless `accept_signed_zeros` is false (an implementation's `strict_sign
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -140,6 +141,9 @@ class Policy:
         return cls(**data)
 
     def describe(self) -> str:
+        return _describe(self)
+
+    def _describe(self) -> str:
         if self.kind in ("bf16", "f32"):
             floor = f" + {self.atol:g}" if self.atol else ""
             floor += f" + {self.atol_rel:g}*max|e|" if self.atol_rel else ""
@@ -158,3 +162,9 @@ class Policy:
             return (f"quantised {self.quant} {self.encoding}: exact; one-step flips where the value before rounding "
                     f"is within {self.boundary_ulps:g} bf16 ulp of the boundary {how}")
         return "exact (bitwise)"
+
+
+@functools.lru_cache(maxsize=4096)
+def _describe(policy: Policy) -> str:
+    """`Policy.describe`, once per policy (a case reports it for each of its hundreds of outputs)."""
+    return policy._describe()

@@ -408,16 +408,23 @@ TOTAL = ("mismatched", "rows_miss", *(d.metric for d in DIFFERENCES))
 
 def summarise_metrics(outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """One line of numbers per case: the worst of each error metric and the total of each count."""
-    summary: dict[str, Any] = {"outputs": len(outputs), "outputs_failed": sum(not m.get("ok") for m in outputs.values())}
-    for key in WORST:
-        values = [m[key] for m in outputs.values() if isinstance(m.get(key), (int, float))]
-        if values:
-            summary[key] = max(values)
-    for key in TOTAL:
-        values = [m[key] for m in outputs.values() if isinstance(m.get(key), int)]
-        if values:
-            summary[key] = sum(values)
+    worst: dict[str, Any] = {}
+    total: dict[str, int] = {}
+    failed = 0
+    for m in outputs.values():  # one pass: a case reports hundreds of outputs
+        failed += not m.get("ok")
+        for key, value in m.items():
+            if key in _WORST and isinstance(value, (int, float)):
+                worst[key] = value if key not in worst else max(worst[key], value)
+            elif key in _TOTAL and isinstance(value, int):
+                total[key] = total.get(key, 0) + value
+    summary: dict[str, Any] = {"outputs": len(outputs), "outputs_failed": failed}
+    summary.update({key: worst[key] for key in WORST if key in worst})
+    summary.update({key: total[key] for key in TOTAL if key in total})
     return summary
+
+
+_WORST, _TOTAL = frozenset(WORST), frozenset(TOTAL)
 
 
 def _exc_line(exc: BaseException) -> str:

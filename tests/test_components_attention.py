@@ -52,12 +52,11 @@ def failing(case: dict) -> list[tuple[int, int | None, str]]:
 # --- the reference and a plain softmax pass ---------------------------------------------------
 
 
-def test_reference_passes_every_case_in_process():
+def test_the_attention_path_has_its_cases():
+    """The reference passes them: tests/test_cli_run.py (every golden), tests/test_chain.py (with
+    every intermediate)."""
     ids = sorted(c for c in MANIFEST if c.startswith(MINE))
     assert len(ATTENTION) >= 4 and len(ids) >= 20
-    for case_id in ids:
-        result = run_case(case_id, CONFIG, ReferenceAdapter(), "reference", MANIFEST)
-        assert result.status == "pass", (case_id, result.message)
 
 
 def test_plain_softmax_passes_sparse_attn_within_tolerance(tmp_path):
@@ -110,9 +109,11 @@ def _verdicts(impl, case_id: str):
 
 
 INDEX_SOURCES = {1, 3, 4, 6}   # config A
+# One case per checkpoint and index-key policy: bf16 upstream, fp8 fixed (every case runs in test_chain).
+TWO = ["attention/a-p21-d1x11-upstream", "attention/a-fp8-p21-d1x11-fixed"]
 
 
-@pytest.mark.parametrize("case_id", ATTENTION)
+@pytest.mark.parametrize("case_id", TWO)
 def test_compressed_ids_offset_by_the_chunk_length_fail_at_the_ids_from_the_first_decode_step(case_id):
     """With intermediates, exactly the index sources' ids fail (what follows is judged given
     them); without, the layers' outputs fail too."""
@@ -128,7 +129,7 @@ def test_compressed_ids_offset_by_the_chunk_length_fail_at_the_ids_from_the_firs
     assert (1, 1, "compressed_ids") in bad and all(layer not in (None, 0) for _, layer, _ in bad)
 
 
-@pytest.mark.parametrize("case_id", ATTENTION)
+@pytest.mark.parametrize("case_id", TWO)
 def test_reindex_layer_reading_its_own_empty_keys_fails_its_scores_at_prefill(case_id):
     from impls.gate import bare
     from impls.wrong_attention import OwnEmptyIndexKeys
@@ -143,7 +144,7 @@ def test_reindex_layer_reading_its_own_empty_keys_fails_its_scores_at_prefill(ca
     assert "return s00.l6.index_scores" in result.message
 
 
-@pytest.mark.parametrize("case_id", ATTENTION)
+@pytest.mark.parametrize("case_id", TWO)
 def test_skipped_inverse_rope_fails_every_layer_at_o(case_id):
     from impls.gate import bare
     from impls.wrong_attention import NoInverseRope

@@ -99,6 +99,7 @@ INDEPENDENT = [  # wrong kernels written apart from the catalogue (tests/impls),
     (wrong_indexer.LowestIndexTies(), "indexer.select/*", "topk-lowest-index-ties"),
     (wrong_indexer.OtherLeakPolicy(), "indexer/leak-*", "candidate-leak-other-policy"),
     (SwappedRamp(), "rope.yarn_table/*", "yarn-betas-swapped"),
+    (wrong_fp8.BareAttentionSkipsActQuant(), "attention/a-fp8-p21-d1x11-upstream", "fp8-linear-without-act-quant"),
 ]
 
 

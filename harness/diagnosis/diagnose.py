@@ -5,7 +5,8 @@ A variant *matches* when, under it, every output the implementation failed is re
 bit or explained far better than by the reference (its distance to the implementation's value is
 at most `EXPLAINED` of the reference's), and no output the implementation got right moves away
 from it. Nothing else is ever named: when no variant matches, the diagnosis says so. Variants run
-in catalogue order within a time budget per case; what the budget left untried is reported.
+in catalogue order within a time budget per case, until one reproduces every failing output bit for
+bit; what the budget left untried is reported.
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ def diagnose(component: str, golden: dict[str, torch.Tensor], actual: dict, fail
         match = _match(v, outputs, actual, golden, judged, right, reference)
         if match is not None:
             result.matches.append(match)
+            if match.identical == match.outputs:  # reproduced bit for bit: nothing is left to explain
+                break
     result.matches.sort(key=lambda m: (-m.identical, -m.explained))
     result.seconds = round(time.perf_counter() - start, 3)
     return result

@@ -298,6 +298,13 @@ def _flip(key: str, values: tuple[str, str], default: str) -> Callable[[dict], d
 
 
 VARIANTS: tuple[Variant, ...] = (
+    # policies first: the commonest real divergence, and one flip of the case's params
+    Variant("candidate-leak-other-policy", "the other candidate_leak policy: drop (-1) where the case leaks masked "
+            "rows, or leak where it drops", "params.candidate_leak flipped", ("indexer.select", "indexer"),
+            params=_flip("candidate_leak", ("upstream", "drop"), "upstream")),
+    Variant("stale-index-keys-other-policy", "the other index-key policy: stale keys read where the case refreshes "
+            "them, or refreshed where it reads them stale (§10.1)", "params.index_k_policy flipped", ("attention",),
+            params=_flip("index_k_policy", ("upstream", "fixed"), "upstream")),
     Variant("rmsnorm-bf16-before-weight", "RMSNorm rounds x * rsqrt(mean(x^2) + eps) to bf16 before the weight "
             "multiply (two roundings: weight * x.to(bf16))", "numerics.rms_norm: one rounding more", NORM_USERS,
             _wrap(f"{NUMERICS}:rms_norm", _norm_bf16_before_weight)),
@@ -346,9 +353,6 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("topk-lowest-index-ties", "top-k breaking ties by the lowest index (a stable sort, CUDA-like or "
             "argpartition) instead of torch's CPU order", "topk.torch_cpu_topk: stable order", SELECT_USERS,
             _wrap(f"{REF}.topk:torch_cpu_topk", _lowest_index_topk)),
-    Variant("candidate-leak-other-policy", "the other candidate_leak policy: drop (-1) where the case leaks masked "
-            "rows, or leak where it drops", "params.candidate_leak flipped", ("indexer.select", "indexer"),
-            params=_flip("candidate_leak", ("upstream", "drop"), "upstream")),
     Variant("candidate-blocks-zero-padding", "candidate blocks padded with 0 instead of -inf past the last row",
             "candidates.select_candidate_blocks: padding value", ("candidates.select", "attention"),
             _wrap(f"{REF}.candidates:select_candidate_blocks", _blocks_padded_with_zero)),
@@ -366,9 +370,6 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("sink-scaled", "the sink logit multiplied by softmax_scale like the scores (it is a raw logit)",
             "sparse_attn.sparse_attn: sink * softmax_scale", ("sparse_attn", "attention"),
             _wrap(f"{REF}.sparse_attn:sparse_attn", _sink_scaled)),
-    Variant("stale-index-keys-other-policy", "the other index-key policy: stale keys read where the case refreshes "
-            "them, or refreshed where it reads them stale (§10.1)", "params.index_k_policy flipped", ("attention",),
-            params=_flip("index_k_policy", ("upstream", "fixed"), "upstream")),
 )
 
 
