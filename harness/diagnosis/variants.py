@@ -167,18 +167,13 @@ def _e2m1_ties_away(original):
     return e2m1_round
 
 
-def _fp4_e4m3_as_pow2_blocks32():
+def _fp4_e4m3_as_pow2_blocks32(original):
     from ..reference import numerics as nx
 
-    def make(original):
-        def fp4_qdq_e4m3(x, block=16):
-            if x.shape[-1] % 32:
-                return original(x, block)
-            return nx.fp4_qdq_e8m0(x, 32)
+    def fp4_qdq_e4m3(x, block=16):
+        return original(x, block) if x.shape[-1] % 32 else nx.fp4_qdq_e8m0(x, 32)
 
-        return fp4_qdq_e4m3
-
-    return make
+    return fp4_qdq_e4m3
 
 
 def _fp4_e4m3_bf16_scale(original):
@@ -217,9 +212,7 @@ def _scores(relu: bool = True, weights: bool = True, rounded: bool = True):
 
     def make(original):
         def scores_and_terms(q, k, w, with_terms):
-            if rounded and relu and weights:
-                return original(q, k, w, with_terms)
-            out, terms = original(q, k, w, with_terms)  # the term scales stay the reference's
+            terms = original(q, k, w, True)[1] if with_terms else None  # the term scales stay the reference's
             dots = torch.einsum("bshd,btd->bsht", q.double(), k.double())
             s = dots.float()
             s = s.to(torch.bfloat16).float() if rounded else s
@@ -335,7 +328,7 @@ VARIANTS: tuple[Variant, ...] = (
             lambda: constant(f"{NUMERICS}:FP8_AMAX_FLOOR", 448.0 * 2.0 ** -126)),
     Variant("fp4-e4m3-as-pow2-blocks-32", "compressed-KV fp4 in blocks of 32 with power-of-two scales where "
             "upstream uses blocks of 16 with e4m3 scales", "numerics.fp4_qdq_e4m3: fp4_qdq_e8m0 block 32",
-            FP4_E4M3_USERS, lambda: replaced(f"{NUMERICS}:fp4_qdq_e4m3", _fp4_e4m3_as_pow2_blocks32())),
+            FP4_E4M3_USERS, _wrap(f"{NUMERICS}:fp4_qdq_e4m3", _fp4_e4m3_as_pow2_blocks32)),
     Variant("fp4-e4m3-scale-bf16", "compressed-KV fp4 scales kept in bf16 instead of e4m3",
             "numerics.fp4_qdq_e4m3: scale rounding", FP4_E4M3_USERS,
             _wrap(f"{NUMERICS}:fp4_qdq_e4m3", _fp4_e4m3_bf16_scale)),
