@@ -465,6 +465,11 @@ def _compare_index(
     ok = result.miss == 0 and not refused
     if ok:
         lines[0] += f" ({' and '.join(accepted)} accepted by policy)"
+    elif result.miss == 0 and not result.leak_policy:
+        lines.insert(1, "  the selected values are the reference's; only the choice among equal scores differs "
+                        "from torch's CPU order (an argpartition, a stable sort or a parallel top-k): set "
+                        "accept_ties: true for this implementation if it promises the set only "
+                        "(docs/index-verdicts.md)")
     return OutputVerdict(name, ok, "\n".join(lines), metrics)
 
 

@@ -268,6 +268,7 @@ def test_lowest_index_ties_are_tie_order_only_and_accepted_when_the_impl_opts_in
         assert case["status"] == ("fail" if want else "pass"), case_id
         if want:
             assert re.search(r"tie order only, (0 near tie, )?0 miss", case["message"]) and "first tie-order row:\n  row (" in case["message"]
+            assert "the selected values are the reference's" in case["message"] and "accept_ties: true" in case["message"]
     assert expected_any >= 8
     # The same implementation with accept_ties: true in its conformance.yaml entry passes.
     (tmp_path / "p").mkdir()

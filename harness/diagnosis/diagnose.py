@@ -6,7 +6,8 @@ bit or explained far better than by the reference (its distance to the implement
 at most `EXPLAINED` of the reference's), and no output the implementation got right moves away
 from it. Nothing else is ever named: when no variant matches, the diagnosis says so. Variants run
 in catalogue order within a time budget per case, until one reproduces every failing output bit for
-bit; what the budget left untried is reported.
+bit (and that variant's twins: the ones that are the same arithmetic on some shapes, so both are
+named); what the budget left untried is reported.
 """
 
 from __future__ import annotations
@@ -108,7 +109,13 @@ def diagnose(component: str, golden: dict[str, torch.Tensor], actual: dict, fail
         match = _match(v, outputs, actual, golden, judged, right, reference)
         if match is not None:
             result.matches.append(match)
-            if match.identical == match.outputs:  # reproduced bit for bit: nothing is left to explain
+            if match.identical == match.outputs:  # reproduced bit for bit: only its twins are left to try
+                for twin in (t for t in candidates[i + 1:] if t.name in v.twins):
+                    outputs = _run_variant(twin, params, execute)
+                    result.tried += 1
+                    found = None if outputs is None else _match(twin, outputs, actual, golden, judged, right, reference)
+                    if found is not None:
+                        result.matches.append(found)
                 break
     result.matches.sort(key=lambda m: (-m.identical, -m.explained))
     result.seconds = round(time.perf_counter() - start, 3)

@@ -40,6 +40,7 @@ class Variant:
     components: tuple[str, ...]  # fnmatch patterns of the components it can change
     apply: Callable[[], ContextManager] = contextlib.nullcontext  # the deviation, for a `with`
     params: Callable[[dict], dict | None] | None = None  # or instead: the case's params it flips (None: n/a)
+    twins: tuple[str, ...] = ()  # later variants that are the same arithmetic on some shapes: tried after a match
 
 
 def _wrap(target: str, around: Callable[[Any], Callable]) -> Callable[[], ContextManager]:
@@ -228,6 +229,28 @@ def _scores(relu: bool = True, weights: bool = True, rounded: bool = True):
     return make
 
 
+def _unscaled_head_weights(original):
+    from ..reference import numerics as nx
+
+    def head_weights(x, weights_proj, index_head_dim, index_n_heads):
+        original(x, weights_proj, index_head_dim, index_n_heads)  # its shape checks
+        return nx.linear_bf16(x, weights_proj) * index_n_heads ** -0.5  # softmax_scale left for the scores
+
+    return head_weights
+
+
+def _scale_on_scores(original):
+    """Scores in fp32 throughout, multiplied by softmax_scale (index_head_dim^-0.5) once at the end."""
+
+    def scores_and_terms(q, k, w, with_terms):
+        terms = original(q, k, w, True)[1] if with_terms else None  # the term scales stay the reference's
+        dots = torch.einsum("bshd,btd->bsht", q.double(), k.double()).float().relu()
+        total = (dots * w.float()[..., None]).double().sum(dim=2).float() * q.shape[-1] ** -0.5
+        return total.to(torch.bfloat16) + 0.0, terms
+
+    return scores_and_terms
+
+
 def _lowest_index_topk(original):
     def torch_cpu_topk(values, k, dim=-1, largest=True, sorted=True):
         order = torch.sort(values.float(), dim=dim, descending=largest, stable=True).indices.narrow(dim, 0, k)
@@ -337,7 +360,14 @@ VARIANTS: tuple[Variant, ...] = (
             _wrap(f"{REF}.fp8_linear:linear_fp8", _no_act_quant)),
     Variant("index-scores-fp32", "index scores kept in fp32 through the dot products, ReLU * w and the head sum "
             "(upstream rounds to bf16 at each)", "indexer._scores_and_terms: no intermediate roundings",
-            SCORE_USERS, _wrap(f"{INDEXER}:_scores_and_terms", _scores(rounded=False))),
+            SCORE_USERS, _wrap(f"{INDEXER}:_scores_and_terms", _scores(rounded=False)),
+            twins=("index-scores-scale-on-scores",)),  # the same where both scale factors are powers of two
+    Variant("index-scores-scale-on-scores", "softmax_scale (index_head_dim^-0.5) applied to the fp32 index scores "
+            "instead of folded into the head weights (upstream: weights_proj(x) * softmax_scale * n_heads^-0.5, "
+            "bf16)", "indexer.head_weights: n_heads^-0.5 only; indexer._scores_and_terms: fp32, x softmax_scale "
+            "at the end", ("indexer.weights", "indexer", "attention"),
+            _both(_wrap(f"{INDEXER}:head_weights", _unscaled_head_weights),
+                  _wrap(f"{INDEXER}:_scores_and_terms", _scale_on_scores))),
     Variant("index-scores-without-relu", "index scores without the ReLU of each head's dot product",
             "indexer._scores_and_terms: no ReLU", SCORE_USERS, _wrap(f"{INDEXER}:_scores_and_terms", _scores(relu=False))),
     Variant("index-scores-without-head-weights", "index scores summed over heads without the head weights",

@@ -191,8 +191,44 @@ class ScoresUnroundedDots(ScoresVariant):
     options = {"rounded_dots": False}
 
 
+def _weights_without_softmax_scale(x, weights_proj, index_head_dim, index_n_heads):
+    return (x.float() @ weights_proj.float().T).to(torch.bfloat16) * index_n_heads ** -0.5
+
+
+def _fp32_scores_scaled_after(q, k, w):
+    dots = torch.einsum("bshd,btd->bsht", q.float(), k.float()).relu()  # fp32 through the head sum
+    total = (dots * w.float().unsqueeze(-1)).sum(dim=2)
+    return (total * q.shape[-1] ** -0.5).to(torch.bfloat16) + 0.0
+
+
+class SoftmaxScaleOnScores(ReferenceAdapter):
+    """A port in the transformers manner: head weights scaled by n_heads^-0.5 only, scores in fp32
+    with softmax_scale applied to them (upstream folds it into the bf16 head weights)."""
+
+    def run(self, component, inputs, params):
+        with patched(ix, "head_weights", _weights_without_softmax_scale), \
+                patched(ix, "index_scores", _fp32_scores_scaled_after):
+            return super().run(component, inputs, params)
+
+
+def _argpartition_topk(values, k, dim=-1, largest=True, sorted=True):
+    """MLX's CPU argpartition of -values at kth = k - 1 (std::nth_element under the order (value, index)):
+    the k largest, ties to the lowest index, in no particular order."""
+    keyed = torch.sort(values.float(), dim=dim, descending=largest, stable=True).indices.narrow(dim, 0, k)
+    scrambled = keyed.flip(dim) if k > 1 else keyed  # nth_element leaves the selected ids unordered
+    return values.gather(dim, scrambled), scrambled
+
+
+class ArgpartitionTies(ReferenceAdapter):
+    """Selects the indexer's top-k with MLX-style argpartition: same set as lowest-index ties."""
+
+    def run(self, component, inputs, params):
+        with patched(ix, "torch_cpu_topk", _argpartition_topk):
+            return super().run(component, inputs, params)
+
+
 __all__ = [
-    "Bf16HeadSum", "ScoresDropLastHead", "ScoresUnroundedDots", "ScoresWithoutRelu",
+    "ArgpartitionTies", "SoftmaxScaleOnScores", "Bf16HeadSum", "ScoresDropLastHead", "ScoresUnroundedDots", "ScoresWithoutRelu",
     "DecodeAddressWithB", "Float64Indexer", "LowestIndexTies", "OtherLeakPolicy", "PartialBlockMask", "PrefixOffByOne", "UnpinnedCandidates",
     "WholeBufferSelect", "lowest_index_topk",
 ]
