@@ -68,6 +68,8 @@ def describe(component: Component, config: Config) -> dict[str, Any]:
         "intermediates": intermediates,
         "params": [{"name": p.name, "type": p.type, "unit": p.unit, "doc": p.doc, "required": p.required,
                     "choices": list(p.choices), "set_by": "driver" if p.driver else "case",
+                    "default": (None if p.derive is not None else p.default) if p.has_default else None,
+                    "default_doc": p.describe_default(),
                     "encoding": PARAM_ENCODING[p.type].replace("<name>", p.name)} for p in component.params],
         "dims": dict(component.dims),
         "notes": component.notes,
@@ -109,7 +111,7 @@ def render_text(doc: dict[str, Any]) -> str:
             lines.append(f"  may return {t['name']}: {t['dtype']} {_shape(t)}{_when(t)}  {t['doc']}; feeds "
                          f"{t['feeds']}; {t['policy']}")
         for p in c["params"]:
-            flag = "" if p["required"] else " (optional)"
+            flag = "" if p["required"] else f" (optional, default {p['default_doc']})" if p["default_doc"] else " (optional)"
             flag += " (set per call)" if p["set_by"] == "driver" else ""
             unit = f" [{p['unit']}]" if p["unit"] else ""
             choices = f" one of {p['choices']}" if p["choices"] else ""
@@ -128,7 +130,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
            "Generated from the registry by `conformance list --components --markdown`; a test keeps it equal. "
            "Machine-readable: `conformance list --components --json`. dtypes are the harness's names (safetensors: "
            + ", ".join(f"{k} = {v}" for k, v in doc["safetensors_dtypes"].items()) + "). Shapes are symbolic; "
-           "each component lists what its symbols mean. A subprocess implementation receives every param as "
+           "each component lists what its symbols mean. Every param reaches the implementation, an optional one "
+           "left out by its case with the default stated here. A subprocess implementation receives every param as "
            "tensors: " + "; ".join(f"{k}: `{v}`" for k, v in doc["param_encoding"].items()) + ".", ""]
     for name, c in doc["components"].items():
         out += [f"## `{name}`", "", f"{c['summary']} (upstream {c['upstream']})", ""]
@@ -147,12 +150,15 @@ def render_markdown(doc: dict[str, Any]) -> str:
             out.append(f"| may return | `{t['name']}` | {_cell(t['dtype'])} | `{_cell(_shape(t))}` | {_cell(t['doc'])}"
                        f"{_when(t)}; feeds {_cell(t['feeds'])}. {_cell(t['policy'])}. |")
         if c["params"]:
-            out += ["", "| param | type | unit | set by | meaning |", "|---|---|---|---|---|"]
+            out += ["", "| param | type | unit | set by | default | meaning |", "|---|---|---|---|---|---|"]
             for p in c["params"]:
                 req = "" if p["required"] else " (optional)"
+                default = f"`{_cell(p['default_doc'])}`" if p["default_doc"] and p["default"] is not None else \
+                    _cell(p["default_doc"]) if p["default_doc"] else \
+                    "per call" if p["set_by"] == "driver" else "required" if p["required"] else ""
                 choices = f" One of {', '.join(map(str, p['choices']))}." if p["choices"] else ""
-                out.append(f"| `{p['name']}` | {p['type']} | {p['unit']} | {p['set_by']}{req} | {_cell(p['doc'])}."
-                           f"{_cell(choices)} |")
+                out.append(f"| `{p['name']}` | {p['type']} | {p['unit']} | {p['set_by']}{req} | {default} | "
+                           f"{_cell(p['doc'])}.{_cell(choices)} |")
         if c["dims"]:
             out += ["", "Dims: " + "; ".join(f"`{k}` {v}" for k, v in c["dims"].items()) + "."]
         out.append("")

@@ -30,6 +30,13 @@ DTYPES = ("bf16", "f16", "f32", "f64", "int64", "int32", "uint8", "bool")
 PARAM_TYPES = ("int", "float", "bool", "str", "int_list", "int_pairs", "mapping")
 
 
+def json_literal(value: Any) -> str:
+    """A default as a case file or a JSON reader writes it (true, 1e-06, "upstream")."""
+    import json
+
+    return json.dumps(value)
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """An input (or a returned tensor that is not compared as is): name, dtype, symbolic shape.
@@ -58,6 +65,24 @@ class ParamSpec:
     required: bool = True
     choices: tuple = ()
     driver: bool = False
+    default: Any = None  # an optional param's value when the case leaves it out (what the harness passes)
+    derive: Callable[[Params], Any] | None = None  # or: its default computed from the case's other params
+    default_doc: str = ""  # how a derived default reads in the catalogue ("len(schedule): no decode step")
+
+    @property
+    def has_default(self) -> bool:
+        return not self.required and not self.driver and (self.default is not None or self.derive is not None)
+
+    def describe_default(self) -> str:
+        """The default as the catalogue states it ('' for a required or driver-set param)."""
+        if not self.has_default:
+            return ""
+        if self.derive is not None:
+            return self.default_doc or "derived from the other params"
+        return json_literal(self.default) + (f" ({self.default_doc})" if self.default_doc else "")
+
+    def default_for(self, params: Params) -> Any:
+        return self.derive(params) if self.derive is not None else self.default
 
     def coerce(self, value: Any, where: str) -> Any:
         """The value as this type, whatever the YAML literal's spelling; CaseSpecError otherwise."""
@@ -198,6 +223,19 @@ class Component:
     extra: dict[str, Any] = field(default_factory=dict)
     params: tuple[ParamSpec, ...] = ()
     dims: dict[str, str] = field(default_factory=dict)  # symbolic dim -> its meaning
+
+    def with_defaults(self, params: Params) -> Params:
+        """`params` with every optional param the case left out set to its default: what an
+        implementation receives (the catalogue states each default)."""
+        missing = [p for p in self.params if p.has_default and p.name not in params]
+        if not missing:
+            return params
+        filled = dict(params)
+        for p in missing:
+            value = p.default_for(filled)
+            if value is not None:
+                filled[p.name] = value
+        return filled
     # What one call returns when that differs from the compared outputs (stepped components and
     # outputs the harness derives), and how each compared output comes from it.
     returns: tuple[TensorSpec, ...] | None = None

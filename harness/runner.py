@@ -126,7 +126,7 @@ def judge_golden(component: Component, golden: Golden, impl, config: Config, imp
     if not supported:
         result.status, result.message = "unsupported", f"implementation does not support {component.name}"
         return
-    params = golden.meta["params"]
+    params = component.with_defaults(golden.meta["params"])  # every optional param reaches the implementation
     result.params = {k: v for k, v in params.items() if not isinstance(v, (list, dict)) or k == "schedule"}
     actual = _execute(component, impl, golden, params, result)
     if on_executed is not None:

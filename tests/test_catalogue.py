@@ -142,6 +142,14 @@ def test_supports_patterns_limit_python_and_subprocess_implementations(tmp_path,
     got = statuses(results(tmp_path / "b"))
     assert {s for c, s in got.items() if c.startswith("quant.fp4")} == {"unsupported"}
     assert {s for c, s in got.items() if c.startswith("quant.e2m1")} == {"pass"}
+    # patterns narrow the program's own `components` answer, never widen it (as for Python ones)
+    (tmp_path / "w").mkdir()
+    wide = _config_with(tmp_path / "w", f"  c-wide:\n    command: [{c_binary}]\n    supports: ['*']\n")
+    run_cli("run", "--impl", "c-wide", "--select", "quant.e2m1,norm.rms", "--report-dir", str(tmp_path / "c"),
+            "--config", str(wide), *flags[2:])
+    got = statuses(results(tmp_path / "c"))
+    assert {s for c, s in got.items() if c.startswith("norm.")} == {"unsupported"}
+    assert {s for c, s in got.items() if c.startswith("quant.e2m1")} == {"pass"}
     (tmp_path / "x").mkdir()
     bad = _config_with(tmp_path / "x", "  nope:\n    python: a:b\n    supports: quant.*\n")
     proc = run_cli("run", "--impl", "nope", "--config", str(bad))
@@ -205,3 +213,59 @@ def test_programs_driven_from_the_catalogue_and_show_alone(tmp_path, program, c_
                     compared += 1
     assert compared > 10
     assert declined > 0 if program == "rust" else declined == 0
+
+
+def test_every_optional_param_states_its_default_and_reaches_the_implementation_with_it():
+    doc = catalogue(CONFIG, components())
+    for name, c in doc["components"].items():
+        for p in c["params"]:
+            if not p["required"] and p["set_by"] == "case":
+                assert p["default_doc"], f"{name}: optional param {p['name']} states no default"
+    from harness.adapters.reference import ReferenceAdapter
+    from harness.runner import run_case
+
+    class Recording(ReferenceAdapter):
+        seen: list[dict] = []
+
+        def run(self, component, inputs, params):
+            self.seen.append(dict(params))
+            return super().run(component, inputs, params)
+
+    manifest = read_manifest(CONFIG.goldens)
+    checked = set()
+    for case_id in sorted(manifest):
+        component = components()[case_id.split("/")[0]]
+        absent = [p for p in component.params if p.has_default and p.name not in
+                  load_verified(CONFIG.goldens, case_id, manifest).meta["params"]]
+        absent = [p for p in absent if p.name not in checked]
+        if not absent or component.name == "attention":
+            continue
+        impl = Recording()
+        impl.seen = []
+        result = run_case(case_id, CONFIG, impl, "recording", manifest)
+        assert result.status == "pass", (case_id, result.message)
+        for p in absent:
+            filled = [s for s in impl.seen if p.name in s]
+            if p.default is not None or p.derive is not None and filled:
+                assert filled and filled[0][p.name] == p.default_for(filled[0]), (case_id, p.name)
+                checked.add(p.name)
+    assert {"eps", "largest", "candidate_leak", "decode_from", "request_offset"} <= checked, checked
+    # a case that leaves out a param set to its default judges the same (compressor ratio, topk's bools)
+    from harness.runner import CaseResult, judge_golden
+
+    for component_name, name in (("compressor", "ratio"), ("topk.torch_cpu", "sorted"),
+                                 ("indexer.select", "offset")):
+        component = components()[component_name]
+        spec = next(p for p in component.params if p.name == name)
+        for case_id in sorted(c for c in manifest if c.startswith(component_name + "/")):
+            golden = load_verified(CONFIG.goldens, case_id, manifest)
+            if golden.meta["params"].get(name) == spec.default:
+                break
+        else:
+            raise AssertionError(f"no {component_name} case sets {name} to its default {spec.default!r}")
+        golden.meta["params"] = {k: v for k, v in golden.meta["params"].items() if k != name}
+        impl, result = Recording(), CaseResult(case_id, component_name, "error")
+        impl.seen = []
+        judge_golden(component, golden, impl, CONFIG, {}, result)
+        assert result.status == "pass", (case_id, name, result.message)
+        assert impl.seen and all(s[name] == spec.default for s in impl.seen), (case_id, name)

@@ -8,8 +8,9 @@ the metadata key `params`) to a safetensors file, and the program writes its out
   `run COMPONENT INPUTS OUTPUTS` lines to its stdin and reads one line back per request:
   `ok`, `error <message>` or `unsupported <reason>` (that case alone is `unsupported`).
 In single mode a stdout line `unsupported <reason>` (exit 0, no output file) declines the case.
-Capabilities: `supports:` patterns in conformance.yaml, or else the output of `COMMAND components`
-(one component name or pattern per line), asked once.
+Capabilities: the output of `COMMAND components` (one component name or pattern per line), asked
+once, narrowed by `supports:` patterns in conformance.yaml as for every implementation kind (a
+program that has no `components` answer is taken at its `supports:` patterns).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import UsageError
 from .base import Unsupported
+
+# Every answer line a batch program may give (docs/subprocess-protocol.md).
+ANSWERS = "'ok', 'error <message>' or 'unsupported <reason>'"
 
 
 class ImplementationError(RuntimeError):
@@ -86,7 +90,8 @@ class SubprocessAdapter:
         self.batch = batch
         self.root = root
         self.call_timeout = call_timeout
-        self._supports = list(supports) if supports is not None else None
+        self._patterns = list(supports) if supports is not None else None  # conformance.yaml's supports:
+        self._answer: list[str] | None = None  # what `COMMAND components` lists
         self._server: subprocess.Popen | None = None
         self._stderr = None  # the batch process's stderr file
         self._stderr_read = 0
@@ -104,15 +109,21 @@ class SubprocessAdapter:
         return adapter
 
     def supports(self, component: str) -> bool:
-        """`supports:` patterns from conformance.yaml when given, else what `COMMAND components` lists."""
+        """What `COMMAND components` lists, narrowed by the `supports:` patterns of conformance.yaml."""
         from .loader import matches_any
 
-        if self._supports is None:
+        if self._patterns is not None and not matches_any(component, self._patterns):
+            return False
+        if self._answer is None:
             proc = subprocess.run([*self.command, "components"], capture_output=True, text=True, timeout=60, cwd=self.root)
-            if proc.returncode != 0:
-                raise ImplementationError(f"`{' '.join(self.command)} components` exited {proc.returncode}: {proc.stderr[-500:]}")
-            self._supports = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
-        return matches_any(component, self._supports)
+            if proc.returncode == 0:
+                self._answer = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+            elif self._patterns is not None:  # no `components` answer: the patterns say it all
+                self._answer = ["*"]
+            else:
+                raise ImplementationError(f"`{' '.join(self.command)} components` exited {proc.returncode}: "
+                                          f"{proc.stderr[-500:]} (answer it, or list supports: in conformance.yaml)")
+        return matches_any(component, self._answer)
 
     def run(self, component: str, inputs: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, torch.Tensor]:
         self._count += 1
@@ -173,8 +184,8 @@ class SubprocessAdapter:
         # Its answers no longer line up with the requests: start a fresh process for the next case.
         self.close(kill=True)
         raise ImplementationError(f"this case broke the protocol: the batch process answered {line[:200]!r} instead of "
-                                  "'ok' or 'error <message>' (anything else on stdout breaks it); the process was "
-                                  "restarted for the next case")
+                                  f"{ANSWERS} (anything else on stdout breaks it: write logs to stderr); the process "
+                                  "was restarted for the next case")
 
     def _forward_stderr(self) -> None:
         """Copy what the batch process wrote to stderr since the last request to our stderr."""

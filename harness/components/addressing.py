@@ -179,7 +179,7 @@ register(Component(
               "runtime's order with -1 slots")),
     outputs=(OutputSpec("ids", "exact", "logical row + request_offset, or -1", "as compact", "b S k"),),
     params=(P("block_size", "int", "compressed rows per block", "rows"),
-            P("request_offset", "int", "the request's first row in the gathered buffer", "rows", required=False)),
+            P("request_offset", "int", "the request's first row in the gathered buffer", "rows", required=False, default=0)),
     dims={"b": "batch", "S": "queries", "k": "selected lanes", "W": "compressed rows", "nk": "kept blocks"},
     build=_restore_inputs,
     reference=lambda inputs, params: {"ids": cd.restore_candidates(
@@ -191,6 +191,13 @@ register(Component(
 
 
 # --- window.indices --------------------------------------------------------------------------
+
+
+def _ring_size(params: dict) -> int | None:
+    mode, win, seqlen = params.get("mode"), params.get("win"), params.get("seqlen")
+    if mode == "chunk" and win is not None and seqlen is not None:
+        return int(win) + int(seqlen) - 1
+    return win if mode == "decode" else None
 
 
 def window_reference(inputs: dict, params: dict) -> dict:
@@ -216,9 +223,14 @@ register(Component(
     params=(P("mode", "str", "prefill, decode or chunk (the harness's generalisation)",
               choices=("prefill", "decode", "chunk")),
             P("win", "int", "window size", "positions"),
-            P("seqlen", "int", "tokens in the step (prefill, chunk)", "positions", required=False),
-            P("start", "int", "position of the step's first token (decode, chunk)", "positions", required=False),
-            P("ring_size", "int", "ring slots when they differ from win (chunk)", "slots", required=False)),
+            P("seqlen", "int", "tokens in the step (prefill, chunk)", "positions", required=False,
+              derive=lambda p: 1 if p.get("mode") == "decode" else None,
+              default_doc="1 in decode mode; prefill and chunk cases set it"),
+            P("start", "int", "position of the step's first token (decode, chunk)", "positions", required=False,
+              derive=lambda p: 0 if p.get("mode") == "prefill" else None,
+              default_doc="0 in prefill mode; decode and chunk cases set it"),
+            P("ring_size", "int", "ring slots (chunk)", "slots", required=False,
+              derive=_ring_size, default_doc="win + seqlen - 1 in chunk mode (no lane lost), win in decode mode")),
     dims={"rows": "prefill S, decode 1, chunk S", "width": "prefill min(S, win), decode win, chunk win"},
     build=lambda params, build, gen: {},
     reference=window_reference,

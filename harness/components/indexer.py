@@ -41,9 +41,9 @@ SELECT_PARAMS = (
     P("start", "int", "position of the chunk's first query", "positions"),
     P("ratio", "int", "compress ratio (1 or 2)", choices=(1, 2)),
     P("index_topk", "int", "compressed rows kept per query (512 in production)"),
-    P("offset", "int", "added to every selected row id: the window part's length", "rows", required=False),
+    P("offset", "int", "added to every selected row id: the window part's length", "rows", required=False, default=0),
     P("candidate_leak", "str", "the §4.4 quirk policy: upstream (bit-faithful) or drop", required=False,
-      choices=("upstream", "drop")),
+      choices=("upstream", "drop"), default="upstream"),
 )
 INDEX_DIMS = {"b": "batch", "S": "queries in the chunk", "T": "compressed rows, (start + S) // ratio",
               "k": "min(index_topk, T)", "H": "index heads", "D": "index_head_dim", "dim": "hidden size",
@@ -257,7 +257,9 @@ register(Component(
             T("candidates", "bool", "b S T", "level-one keep mask; all True for a non-consumer")),
     outputs=(IDS_SPEC,),
     params=SELECT_PARAMS,
-    dims=INDEX_DIMS,
+    dims={**INDEX_DIMS, "T": "score columns of the buffer: at least (start + S) // ratio, and may be more (a "
+                             "runtime's preallocated buffer: r1-decode-start40-buffer48 sends 48 for 41 rows); "
+                             "query t reads only its first (start + t + 1) // ratio", "k": "min(index_topk, T)"},
     build=_select_inputs,
     reference=select_reference,
     aux=_select_aux,
@@ -354,7 +356,8 @@ register(Component(
     ),
     chain=_chain,
     params=SELECT_PARAMS + (P("rope_dim", "int", "rotated trailing channels of the query"),
-                            P("weights", "str", "the checkpoint dtype of wq_b", required=False, choices=("bf16", "fp8"))),
+                            P("weights", "str", "the checkpoint dtype of wq_b", required=False, choices=("bf16", "fp8"),
+                              default="bf16")),
     dims=INDEX_DIMS,
     build=_forward_inputs,
     reference=forward_reference,

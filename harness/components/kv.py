@@ -110,7 +110,7 @@ register(Component(
                    "uint8", "b G ihd/32"),
     ),
     params=(P("ratio", "int", "compress ratio: row j sits at position j * ratio", choices=(1, 2)),
-            P("rope_dim", "int", "rotated trailing channels"), P("eps", "float", "RMSNorm eps", required=False)),
+            P("rope_dim", "int", "rotated trailing channels"), P("eps", "float", "RMSNorm eps", required=False, default=1e-20)),
     dims={"b": "batch", "G": "rows finished", "hd": "head_dim", "ihd": "index_head_dim", "P": "table positions",
           "rope/2": "rotated pairs", "2": "(cos, sin)", "hd/2": "two codes per byte", "hd/16": "blocks of 16",
           "ihd/2": "two codes per byte", "ihd/32": "blocks of 32"},

@@ -188,7 +188,7 @@ register(Component(
     upstream="M:281-293",
     inputs=(T("x", "bf16|f32", "m d"), T("weight", "bf16", "d", "promoted to fp32 inside")),
     outputs=(OutputSpec("y", "bf16", "y = weight * x / rms(x), one cast back to x's dtype", "as x", "m d"),),
-    params=(P("eps", "float", "added to the mean square", required=False),),
+    params=(P("eps", "float", "added to the mean square", required=False, default=1e-20),),
     dims={"m": "rows", "d": "features"},
     build=_norm_inputs,
     reference=lambda inputs, params: {"y": nx.rms_norm(inputs["x"], inputs["weight"], float(params.get("eps", 1e-20)))},
