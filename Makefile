@@ -23,7 +23,7 @@ run: install
 	$(VENV)/bin/conformance run --impl reference --report-dir $(REPORT_DIR)
 
 test: install
-	$(PY) -m pytest -n auto -q
+	$(PY) -m pytest -n auto --dist loadgroup -q
 
 # The production tier (docs/tiers.md): rebuild every case to its pinned SHA-256, build the
 # goldens locally, run the reference over them, then the production gates and mutants of

@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["Unsupported", "__version__"]
+__all__ = ["Declined", "Unsupported", "__version__"]
 
 
 def __getattr__(name: str):
@@ -11,4 +11,8 @@ def __getattr__(name: str):
         from .adapters.base import Unsupported
 
         return Unsupported
+    if name == "Declined":  # returned by implementations for one output they decline
+        from .adapters.base import Declined
+
+        return Declined
     raise AttributeError(f"module 'harness' has no attribute {name!r}")

@@ -24,7 +24,10 @@ from .yamlio import safe_load
 DTYPE_KINDS = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 CONFIG_NAME = "conformance.yaml"
-TOP_KEYS = {"version", "goldens", "cases", "timeout", "tolerances", "floors", "impls"}
+TOP_KEYS = {"version", "goldens", "cases", "timeout", "tolerances", "floors", "impls", "extends"}
+# `extends:` of a team's conformance.yaml: `default` (the store installed with the harness: its goldens,
+# cases, tolerances and floors, with this file's own keys on top) or `none` (this file says it all).
+EXTENDS = ("default", "none")
 # Per-implementation verdict flags: which accepted differences it opts into (docs/verdicts.md).
 IMPL_FLAGS = {"accept_ties": ("index", "accept_ties", True),
               "accept_near_ties": ("index", "accept_near_ties", True),
@@ -69,6 +72,7 @@ class Config:
     default_floor: int | None = None
     impls: dict[str, dict[str, Any]] = field(default_factory=dict)
     path: Path | None = None
+    layered_on: Path | None = None  # the default store's conformance.yaml this file was layered on
     tier: str = "small"
     diagnosis_budget: float = field(default_factory=default_diagnosis_budget)  # seconds per failing case; 0: off
     _policies: dict = field(default_factory=dict, repr=False)
@@ -80,8 +84,15 @@ class Config:
             raise UsageError(f"--tier {tier!r}: expected one of {', '.join(TIERS)}")
         if tier == "small":
             return self
-        return replace(self, goldens=self.goldens / tier, cases=self.cases / tier, tier=tier,
+        from .store import production_goldens
+
+        return replace(self, goldens=production_goldens(self.goldens), cases=self.cases / tier, tier=tier,
                        timeout=max(self.timeout, PRODUCTION_TIMEOUT))
+
+    def settings(self) -> dict:
+        """What a worker without this conformance.yaml needs of it (plain JSON; harness/execution.py)."""
+        return {"tolerances": self.tolerances, "floors": self.floors, "default_floor": self.default_floor,
+                "timeout": self.timeout, "impls": self.impls}
 
     @property
     def generate_command(self) -> str:
@@ -176,13 +187,7 @@ def find_config(start: Path | None = None) -> Path | None:
     return None
 
 
-def load_config(path: Path | None = None) -> Config:
-    """Read `conformance.yaml` (found upwards from the cwd when `path` is None)."""
-    if path is None:
-        path = find_config()
-        if path is None:
-            raise UsageError(f"no {CONFIG_NAME} found in this folder or above; run from the project root or pass --config")
-    path = Path(path)
+def _read(path: Path) -> dict:
     if not path.exists():
         raise UsageError(f"{path}: configuration file not found")
     try:
@@ -194,15 +199,59 @@ def load_config(path: Path | None = None) -> Config:
     unknown = set(doc) - TOP_KEYS
     if unknown:
         raise UsageError(f"{path}: unknown top-level key(s) {sorted(unknown)}; allowed: {sorted(TOP_KEYS)}")
+    extends = doc.get("extends", "default")
+    if extends not in EXTENDS:
+        raise UsageError(f"{path}: extends must be one of {', '.join(EXTENDS)}, not {extends!r}")
+    return doc
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _layered(doc: dict, path: Path, default: Path) -> tuple[dict, dict[str, Path]]:
+    """A team's file on top of the default store's: its goldens and cases (each relative to the file
+    that names it), tolerances merged key by key, floors merged, implementations the team's own."""
+    base = _read(default)
+    merged = {**base, **{k: v for k, v in doc.items() if k not in ("tolerances", "floors")}}
+    merged["tolerances"] = _deep_merge(_mapping(base, "tolerances", default), _mapping(doc, "tolerances", path))
+    merged["floors"] = {**_mapping(base, "floors", default), **_mapping(doc, "floors", path)}
+    merged["impls"] = _mapping(doc, "impls", path)
+    anchors = {key: (path if key in doc else default) for key in ("goldens", "cases")}
+    return merged, anchors
+
+
+def load_config(path: Path | None = None) -> Config:
+    """Read `conformance.yaml` (found upwards from the cwd when `path` is None; the default store's
+    when there is none), layered on the default store's unless it says `extends: none`."""
+    from . import store
+
+    default = store.default_config()
+    if path is None:
+        path = find_config() or default
+        if path is None:
+            raise UsageError(f"no {CONFIG_NAME} found in this folder or above, and this install of the harness "
+                             "carries no golden store; pass --config, or reinstall the package (its wheel holds "
+                             "the goldens)")
+    path = Path(path)
+    doc = _read(path)
+    anchors = {"goldens": path, "cases": path}
+    layered = default is not None and doc.get("extends", "default") == "default" and path.resolve() != default.resolve()
+    if layered:
+        doc, anchors = _layered(doc, path, default)
     root = path.resolve().parent
     config = Config(
         root=root,
-        goldens=root / _str(doc, "goldens", "goldens", path),
-        cases=root / _str(doc, "cases", "cases", path),
+        goldens=anchors["goldens"].resolve().parent / _str(doc, "goldens", "goldens", path),
+        cases=anchors["cases"].resolve().parent / _str(doc, "cases", "cases", path),
         timeout=_number(doc, "timeout", 120.0, path),
         tolerances=_mapping(doc, "tolerances", path),
         impls=_mapping(doc, "impls", path),
         path=path,
+        layered_on=default if layered else None,
     )
     floors = _mapping(doc, "floors", path)
     for key, value in floors.items():

@@ -19,10 +19,11 @@ cases both runs judged against the same golden, before and after (harness/report
 from __future__ import annotations
 
 from .report.headroom import BOUNDS, per_case
+from .store import describe, same_store
 from .report.text import failing_lines
 
 DIFF_SCHEMA = 1
-PASSED = ("pass", "xfail")
+PASSED = ("pass", "partial", "xfail")
 UNJUDGED = ("unsupported", "not_run")
 KINDS = ("regressed", "fixed", "golden_changed", "new", "gone", "still_failing", "unjudged")
 GATES = ("regressions", "new-failures", "any")
@@ -54,6 +55,7 @@ def diff_results(base: dict, new: dict, base_label: str = "base", new_label: str
     return {
         "schema": DIFF_SCHEMA,
         "runs": {"base": _run_of(base, base_label), "new": _run_of(new, new_label)},
+        "stores": compare_stores(base, new),
         **changes,
         "component_regressions": regressed_components,
         "new_failures": len(new_failures),
@@ -62,6 +64,15 @@ def diff_results(base: dict, new: dict, base_label: str = "base", new_label: str
         "components": components,
         "gates": gates,
     }
+
+
+def compare_stores(base: dict, new: dict) -> dict:
+    """Whether the two runs judged the same golden store, and a sentence saying so when they did not."""
+    a, b = base.get("store"), new.get("store")
+    same = same_store(a, b)
+    note = "" if same else (f"the runs judged different golden stores: base {describe(a)}, new {describe(b)}; "
+                            "a case whose golden changed is judged as new, and a difference may be the store's")
+    return {"same": same, "base": a, "new": b, "note": note}
 
 
 def _bad(status: str | None) -> bool:

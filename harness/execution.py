@@ -11,24 +11,67 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import capture
+from . import __version__, capture, store
 from .adapters.loader import ImplSpec, instantiate
 from .config import Config, load_config
-from .errors import GoldenError, HarnessError
+from .errors import GoldenError, HarnessError, UsageError
 from .golden import read_manifest
 from .runner import CaseResult, run_case
 
 
 def stores_of(config: Config, run: dict) -> Config:
-    """The run's tier and stores (--tier, --goldens, --cases) applied to its conformance.yaml."""
+    """The run's tier and stores (--tier, --goldens, --cases) applied to its conformance.yaml. A run
+    that judges the packaged store judges this process's own package (a remote xdist worker needs the
+    same package version, not the same paths; `store_problem` checks they agree)."""
     config = config.for_tier(run.get("tier", "small"))
-    if "goldens_dir" in run:
-        config = dataclasses.replace(config, goldens=Path(run["goldens_dir"]), cases=Path(run["cases_dir"]))
+    origin = (run.get("store") or {}).get("origin")
+    given = Path(run["goldens_dir"]) if "goldens_dir" in run else None
+    own = store.default_root()
+    if own is not None and (origin == "package" or (origin == "checkout" and given is not None and not given.exists())):
+        small = dataclasses.replace(config, goldens=own / "goldens", cases=own / "cases", tier="small")
+        return small.for_tier(run.get("tier", "small"))
+    if given is not None:
+        config = dataclasses.replace(config, goldens=given, cases=Path(run["cases_dir"]))
     return config
+
+
+def config_of(run: dict) -> Config:
+    """The run's configuration: its conformance.yaml where this machine has it, else the default
+    store's with the controller's settings (tolerances, floors, timeout, implementations) on top."""
+    path = Path(run["config"])
+    settings = run.get("settings")
+    if not path.exists() and settings is not None:
+        default = store.default_config()
+        if default is None:
+            raise UsageError(f"this machine has neither the run's {path} nor a packaged golden store: install "
+                             "v41-conformance from its wheel on every machine of the run")
+        path = default
+    config = load_config(path)
+    if settings is not None:  # the controller's effective settings, whatever file this machine read
+        config = dataclasses.replace(config, tolerances=settings["tolerances"], floors=settings["floors"],
+                                     default_floor=settings["default_floor"], timeout=float(settings["timeout"]),
+                                     impls=settings["impls"], _policies={})
+    return stores_of(config, run)
+
+
+def store_problem(config: Config, run: dict) -> str:
+    """'' when this process judges the store the controller judged; else why every case is an error."""
+    host = socket.gethostname()
+    theirs = run.get("harness_version")
+    if theirs is not None and theirs != __version__:
+        return (f"this worker ({host}) runs v41-conformance {__version__} but the controller runs {theirs}: "
+                "install the same version on every machine of the run")
+    want, mine = run.get("store"), store.identity(config.goldens, config.tier)
+    if want and not store.same_store(want, mine):
+        return (f"this worker ({host}) judges the {store.describe(mine)} but the controller judged the "
+                f"{store.describe(want)}: every machine of a run must hold the same golden store (the same "
+                "package version, or the same --goldens)")
+    return ""
 
 
 @dataclass
@@ -45,6 +88,7 @@ class CaseExecutor:
     _impl: Any = None
     _pool: Any = None
     _manifest_error: str = ""
+    _store_error: str = ""  # this process judges another store than the controller (every case an error)
 
     @classmethod
     def from_run(cls, run: dict) -> CaseExecutor:
@@ -53,7 +97,7 @@ class CaseExecutor:
         # process runs them. CONFORMANCE_THREADS overrides both (a big CPU port, say).
         import torch
 
-        config = stores_of(load_config(Path(run["config"])), run)
+        config = config_of(run)
         config = dataclasses.replace(config, diagnosis_budget=float(run.get("diagnosis_budget", config.diagnosis_budget)))
         alone = config.tier != "small" and "PYTEST_XDIST_WORKER" not in os.environ
         torch.set_num_threads(int(os.environ.get("CONFORMANCE_THREADS", torch.get_num_threads() if alone else 1)))
@@ -67,10 +111,15 @@ class CaseExecutor:
                        bool(run.get("isolate", False)), run.get("run_dir"), int(run.get("workers", 1)),
                        tuple(run.get("cases", ())) if run.get("prefetch") else ())
         executor._manifest_error = problem
+        executor._store_error = store_problem(config, run)
         return executor
 
     def run(self, case_id: str, on_executed=None) -> CaseResult:
         """`on_executed`: see `runner.run_case` (an isolation child reports the implementation done)."""
+        if self._store_error:
+            from .ids import split_case_id
+
+            return CaseResult(case_id, split_case_id(case_id)[0], "error", self._store_error)
         if case_id not in self.manifest:
             self._reread_manifest()  # a golden written after this run started (conformance fuzz shrinking)
         if self._manifest_error:

@@ -108,6 +108,7 @@ class IsolatedWorker:
         self.slot = slot
         self.run_config = {
             "config": str(executor.config.path),
+            "settings": executor.config.settings(),
             "tier": executor.config.tier,
             "goldens_dir": str(executor.config.goldens),
             "cases_dir": str(executor.config.cases),

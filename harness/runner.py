@@ -23,7 +23,7 @@ from . import regenerated
 from .chain.digest import CASE_DIGEST, case_digest
 from .chain.stages import StageVerdict
 from .compare import OutputVerdict, compare_output, identical_verdict
-from .adapters.base import Unsupported
+from .adapters.base import Declined, Unsupported
 from .adapters.subprocess_adapter import ImplementationError
 from .config import Config
 from .differences import DIFFERENCES
@@ -33,8 +33,9 @@ from .ids import split_case_id
 from .registry import Component, Rederived, components
 from .stepnames import step_of
 
-STATUSES = ("pass", "fail", "error", "crash", "timeout", "unsupported", "xfail", "xpass", "not_run")
-PASSING = ("pass", "xfail", "unsupported")
+# partial: every output judged passes, and the implementation declined at least one (never a pass of those)
+STATUSES = ("pass", "partial", "fail", "error", "crash", "timeout", "unsupported", "xfail", "xpass", "not_run")
+PASSING = ("pass", "partial", "xfail", "unsupported")
 
 
 @dataclass
@@ -63,6 +64,7 @@ class CaseResult:
     repro: str = ""
     params: dict[str, Any] = field(default_factory=dict)
     output: str = ""  # the tail of what the implementation printed during the case
+    declined: list[str] = field(default_factory=list)  # outputs the implementation declined (status partial)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -202,9 +204,25 @@ def _execute(component: Component, impl, golden: Golden, params: dict, result: C
     return actual
 
 
+def _declined(golden: Golden, actual: dict) -> tuple[dict, dict[str, str]]:
+    """The outputs with each declined one (`Declined`) stood in for by the reference's value (so what
+    is judged given it is judged given the reference's), and the declined names with their reasons."""
+    declined = {n: v.reason for n, v in actual.items() if isinstance(v, Declined)}
+    if not declined:
+        return actual, {}
+    kept = {n: (golden.outputs[n] if n in declined else v) for n, v in actual.items()
+            if n not in declined or n in golden.outputs}  # a declined intermediate is one not returned
+    return kept, {n: r for n, r in declined.items() if n in golden.outputs}
+
+
 def _judge(component: Component, golden: Golden, actual: dict, params: dict, config: Config,
            impl_conf: dict, result: CaseResult) -> None:
     expected_names = set(golden.outputs)
+    actual, declined = _declined(golden, actual)
+    if declined and set(declined) >= expected_names:
+        result.status = "unsupported"
+        result.message = "the implementation declined every output: " + "; ".join(f"{n} ({r})" for n, r in sorted(declined.items()))
+        return
     missing = sorted(expected_names - set(actual))
     extra = sorted(n for n in set(actual) - expected_names if component.intermediate_spec(n) is None)
     if missing or extra:
@@ -222,6 +240,9 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
     for stage in stages:
         name, verdict = stage.name, stage.verdict
         policy = config.policy(component, name, impl_conf, dtype=_dtype_of(golden, name, actual))
+        if name in declined:  # never a pass: judged nowhere, and said so
+            result.outputs[name] = {"ok": None, "declined": declined[name], "policy": policy.describe()}
+            continue
         result.outputs[name] = {"ok": verdict.ok, "policy": policy.describe(), **verdict.metrics, **_chain_fields(stage)}
         _count_differences(result, verdict)
         if verdict.ok:
@@ -255,10 +276,15 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
             head += f"first divergent stage: {result.first_divergent_stage}\n"
         result.message = head + "\n".join(failures) + (f"\n{result.chain}" if result.chain else "")
     else:
-        result.status = "pass"
+        result.status = "partial" if declined else "pass"
         accepted = [f"{getattr(result, d.count)} {d.what}" for d in DIFFERENCES if getattr(result, d.count)]
         lines = ["; ".join(accepted) + " (accepted by policy)"] if accepted else []
         result.message = "\n".join(lines + ([result.chain] if result.chain else []))
+    if declined:
+        said = "; ".join(f"{n} ({r})" for n, r in sorted(declined.items()))
+        judged = "judged on the others" + (", those given a declined one given the reference's" if component.chain else "")
+        result.message = f"declined output(s), not judged: {said}; {judged}\n{result.message}".rstrip()
+        result.declined = sorted(declined)
 
 
 def _verdicts(component: Component, golden: Golden, actual: dict, params: dict, config: Config, impl_conf: dict,

@@ -7,6 +7,8 @@ Schema (version 1)::
      selection: {total, owned, ids_sha256},   # the cases chosen before sharding, those this run owned
      stopped,                    # why the run ended early ('' when it ran to the end), not_run
      versions: {harness, torch, python, platform},
+     store: {package, version, origin (package | checkout | custom), tier, manifest_sha256},  # harness/store.py
+     config: {path, layered_on},  # the conformance.yaml read, and the default store's it was layered on
      goldens: {dir, manifest_sha256},
      components: {name: {cases, pass, fail, error, crash, timeout, unsupported, xfail, xpass,
                          floor, floor_ok, tie_rows, near_tie_rows, boundary_flips, signed_zeros, verdict}},
@@ -66,6 +68,7 @@ from .ids import matches, split_case_id
 from .registry import components
 from .rundir import RunDir
 from .runner import STATUSES
+from .store import identity
 
 RESULTS_SCHEMA = 1
 DEFAULT_REPORT_DIR = "reports/latest"
@@ -159,6 +162,30 @@ def shard_ids(ids: list[str], index: int, count: int) -> list[str]:
     return [i for i in ids if int(hashlib.sha256(i.encode()).hexdigest()[:8], 16) % count == index - 1]
 
 
+def run_document(config: Config, options: RunOptions, spec, ids: list[str], token: str, run_dir: str | None,
+                 workers: int = 1, prefetch: bool = False) -> dict:
+    """What every process of a run needs to judge its cases (`CaseExecutor.from_run`): plain JSON."""
+    return {
+        "token": token,
+        "run_dir": run_dir,
+        "config": str(config.path),
+        "tier": config.tier,
+        "store": identity(config.goldens, config.tier),
+        "harness_version": __version__,
+        "settings": config.settings(),
+        "goldens_dir": str(config.goldens.resolve()),
+        "cases_dir": str(config.cases.resolve()),
+        "impl": {"name": spec.name, "kind": spec.kind, "target": spec.target, "root": spec.root, "conf": spec.conf},
+        "device": options.device,
+        "timeout": options.timeout or config.timeout,
+        "diagnosis_budget": config.diagnosis_budget if options.diagnosis_budget is None else options.diagnosis_budget,
+        "isolate": options.isolate,
+        "workers": workers,
+        "prefetch": prefetch,
+        "cases": ids,
+    }
+
+
 def run(config: Config, options: RunOptions) -> dict:
     """Run the selected cases, write every report into `options.report_dir`, return results.json.
 
@@ -196,22 +223,8 @@ def run(config: Config, options: RunOptions) -> dict:
     count = workers.resolve(options.workers, costs, options.isolate)
     with RunDir(options.report_dir) as run_dir:
         run_file = run_dir.path / f"cases{RUN_SUFFIX}"
-        run_file.write_text(json.dumps({
-            "token": run_dir.token,
-            "run_dir": str(run_dir.path.resolve()),
-            "config": str(config.path),
-            "tier": config.tier,
-            "goldens_dir": str(config.goldens.resolve()),
-            "cases_dir": str(config.cases.resolve()),
-            "impl": {"name": spec.name, "kind": spec.kind, "target": spec.target, "root": spec.root, "conf": spec.conf},
-            "device": options.device,
-            "timeout": options.timeout or config.timeout,
-            "diagnosis_budget": config.diagnosis_budget if options.diagnosis_budget is None else options.diagnosis_budget,
-            "isolate": options.isolate,
-            "workers": max(1, count) if pool else 1,
-            "prefetch": pool,
-            "cases": ids,
-        }))
+        run_file.write_text(json.dumps(run_document(config, options, spec, ids, run_dir.token, str(run_dir.path.resolve()),
+                                                    max(1, count) if pool else 1, pool)))
         (run_dir.path / "pytest.ini").write_text("[pytest]\n")
         collector = ResultCollector()
         args = ["-c", str(run_dir.path / "pytest.ini"), "--rootdir", str(run_dir.path), "-p", "harness.pytest_plugin",
@@ -307,6 +320,8 @@ def summarise(config: Config, options: RunOptions, spec, results: list[dict], st
         "exit_code": exit_code,
         "versions": {"harness": __version__, "torch": torch.__version__, "python": sys.version.split()[0],
                      "platform": platform.platform()},
+        "store": identity(config.goldens, config.tier),
+        "config": {"path": str(config.path), "layered_on": str(config.layered_on) if config.layered_on else None},
         "goldens": {"dir": os.path.relpath(config.goldens, config.root),
                     "manifest_sha256": hashlib.sha256(manifest_path.read_bytes()).hexdigest() if manifest_path.exists() else None},
         "components": per_component,
@@ -349,6 +364,8 @@ def judge_components(results: list[dict], floors: dict[str, int], full_run: bool
             entry["verdict"] = NOT_RUN
         else:
             entry["verdict"] = "pass" if bad == 0 and entry["floor_ok"] and not entry[NOT_RUN] else "fail"
+            if entry["verdict"] == "pass" and entry["partial"]:
+                entry["verdict"] = "partial"  # passed what was judged; some outputs were declined
     executed_total = sum(1 for r in results if r["status"] not in ("unsupported", NOT_RUN))
     if executed_total == 0 and not stopped:
         problems.append("no case was executed (nothing selected, no goldens, or nothing supported): "
@@ -357,7 +374,7 @@ def judge_components(results: list[dict], floors: dict[str, int], full_run: bool
 
 
 def exit_code_of(results: list[dict], problems: list[str], stopped: str, signum: int | None) -> int:
-    failed = any(r["status"] not in ("pass", "xfail", "unsupported", NOT_RUN) for r in results)
+    failed = any(r["status"] not in ("pass", "partial", "xfail", "unsupported", NOT_RUN) for r in results)
     if signum is not None:
         return 128 + int(signum)  # 130 after SIGINT, 143 after SIGTERM
     if failed or problems or stopped:

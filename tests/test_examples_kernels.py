@@ -67,8 +67,10 @@ def test_triton_impl_passes_its_components_under_the_interpreter(tmp_path, monke
 def test_triton_impl_without_gpu_or_interpreter_says_what_to_do(tmp_path, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     report = tmp_path / "rep"
+    # a process of its own: triton imported here without the interpreter would stay so for the
+    # in-process kernel tests below (its standard library's jit functions are made at import)
     proc = run_cli("run", "--impl", "examples/triton_impl.py:TritonImpl", "--report-dir", str(report),
-                   "--select", "quant.e2m1/midpoints", "--no-isolate")
+                   "--select", "quant.e2m1/midpoints", "--no-isolate", fresh=True)
     assert proc.returncode == 1
     case = results(report)["cases"][0]
     assert case["status"] == "error" and "TRITON_INTERPRET=1" in case["message"] and "--device cuda" in case["message"]

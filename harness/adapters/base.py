@@ -14,6 +14,24 @@ class Unsupported(Exception):
     """
 
 
+class Declined:
+    """Returned in place of one output the implementation does not compute (a port that selects ids
+    without materialising their scores, say): the case is judged on its other outputs and reported
+    `partial`, never as a pass of the declined one.
+
+    >>> return {"ids": ids, "scores": Declined("ids only: the scores are never materialised")}
+    """
+
+    def __init__(self, reason: str = ""):
+        self.reason = str(reason) or "declined by the implementation"
+
+    def __repr__(self) -> str:
+        return f"Declined({self.reason!r})"
+
+    def __reduce__(self):  # crosses the isolation boundary like a tensor
+        return (Declined, (self.reason,))
+
+
 @runtime_checkable
 class Implementation(Protocol):
     """An implementation under test.
@@ -22,7 +40,8 @@ class Implementation(Protocol):
     never `fail`. `run` receives named input tensors (CPU, or the `--device` when the adapter
     moves them) and the case params, and returns named output tensors. `run` may raise
     `Unsupported("reason")` for one case it does not handle (a shape, a schedule, a top-k
-    branch): that case alone is reported `unsupported`, with the reason.
+    branch): that case alone is reported `unsupported`, with the reason; and it may return
+    `Declined("reason")` for one output it does not compute (the case is then `partial`).
     """
 
     def supports(self, component: str) -> bool: ...

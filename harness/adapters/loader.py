@@ -100,6 +100,8 @@ def _load_target(target: str, root: Path):
         except Exception as exc:
             raise UsageError(f"--impl {target!r}: importing {path} raised {type(exc).__name__}: {exc}") from None
     else:
+        if str(root) not in sys.path:  # a module beside the conformance.yaml that names it (after sys.path)
+            sys.path.append(str(root))
         try:
             module = importlib.import_module(module_part)
         except Exception as exc:

@@ -37,6 +37,30 @@ class ImplementationError(RuntimeError):
     """The external program reported an error or broke the protocol."""
 
 
+DECLINED_KEY = "declined"  # output-file metadata: JSON {output: reason} of the outputs the program declines
+
+
+def read_outputs(path: Path) -> dict[str, Any]:
+    """The tensors of an output file, and a `Declined` for each output its metadata declines."""
+    from safetensors import safe_open
+
+    from .base import Declined
+
+    outputs: dict[str, Any] = load_file(str(path))
+    with safe_open(str(path), framework="pt") as handle:
+        raw = (handle.metadata() or {}).get(DECLINED_KEY)
+    if raw:
+        try:
+            declined = json.loads(raw)
+            assert isinstance(declined, dict)
+        except (ValueError, AssertionError):
+            raise ImplementationError(f"output metadata '{DECLINED_KEY}' must be a JSON object "
+                                      f'{{"output": "reason"}}, not {raw[:200]!r}') from None
+        for name, reason in declined.items():
+            outputs[str(name)] = Declined(str(reason))
+    return outputs
+
+
 def _command(conf: dict[str, Any], name: str, root: Path) -> list[str]:
     command = conf.get("command")
     if isinstance(command, str):
@@ -150,7 +174,7 @@ class SubprocessAdapter:
                     raise ImplementationError(f"exited with code {proc.returncode}: {stderr[-1000:]}")
             if not out_path.exists():
                 raise ImplementationError(f"wrote no output file {out_path.name}")
-            return load_file(str(out_path))
+            return read_outputs(out_path)
         finally:
             for path in (in_path, out_path):
                 if path.exists():

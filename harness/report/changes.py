@@ -30,8 +30,12 @@ def _status(entry: dict, arrow: str = "->") -> str:
     return f"{entry['before'] or '-'} {arrow} {entry['after'] or '-'}"
 
 
+def store_note(diff: dict) -> str:
+    return (diff.get("stores") or {}).get("note", "")
+
+
 def render_diff_text(diff: dict) -> str:
-    lines = [headline(diff)]
+    lines = [headline(diff)] + ([f"WARNING: {store_note(diff)}"] if store_note(diff) else [])
     head = ["component", *(TITLES[k] for k in KINDS), "verdict"]
     rows = [[name, *(str(c[k] or ".") for k in KINDS), _status({"before": c["verdict"][0], "after": c["verdict"][1]})]
             for name, c in diff["components"].items()]
@@ -84,6 +88,8 @@ def _md(text: str, limit: int = 300) -> str:
 def render_diff_markdown(diff: dict, shown: int = SHOWN) -> str:
     """A section for the job summary: counts, the regressions first, headroom moves."""
     lines = ["### Changes since the baseline", "", _md(headline(diff, ARROW), 2000), ""]
+    if store_note(diff):
+        lines += [f"> **Warning:** {_md(store_note(diff), 1000)}", ""]
     rows = [(n, c) for n, c in diff["components"].items() if any(c[k] for k in KINDS if k != "still_failing")
             or component_moves(c) or c["verdict"][0] != c["verdict"][1]]
     if rows:
@@ -111,6 +117,7 @@ def render_diff_markdown(diff: dict, shown: int = SHOWN) -> str:
 
 def render_diff_html(diff: dict) -> str:
     out = ["<section id='changes'><h2>Changes since the baseline</h2>", f"<p>{escape(clean(headline(diff, ARROW)))}</p>",
+           *([f"<p class='warning'><b>Warning:</b> {escape(store_note(diff))}</p>"] if store_note(diff) else []),
            "<table><tr><th>component</th>" + "".join(f"<th>{TITLES[k]}</th>" for k in KINDS)
            + "<th>verdict</th><th>headroom (fraction of the bound used)</th></tr>"]
     for name, c in diff["components"].items():

@@ -22,7 +22,7 @@ td:first-child,th:first-child{text-align:left}.pass{color:#060}.fail,.error,.cra
 details{margin:4px 0}section{margin-top:2em}td.zero{color:#bbb}svg{display:block;margin:6px 0}
 .pictures{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}"""
 HISTOGRAMS = 6  # per case; the rest are named
-ORDER = {"fail": 0, "error": 0, "crash": 0, "timeout": 0, "xpass": 0, "xfail": 1, "not_run": 2, "unsupported": 2,
+ORDER = {"fail": 0, "error": 0, "crash": 0, "timeout": 0, "xpass": 0, "xfail": 1, "partial": 1, "not_run": 2, "unsupported": 2,
          "pass": 3}
 
 

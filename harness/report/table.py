@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..differences import DIFFERENCES
 from .text import clean, failing_lines
 
-COLUMNS = ("pass", "fail", "error", "crash", "timeout", "unsupported", "xfail", "xpass", "not_run")
+COLUMNS = ("pass", "partial", "fail", "error", "crash", "timeout", "unsupported", "xfail", "xpass", "not_run")
 SHORT = {"unsupported": "unsup", "not_run": "not run"}
 BAD = ("fail", "error", "crash", "timeout", "xpass")
 
@@ -37,6 +37,11 @@ def render_table(doc: dict, failures: int = 5) -> str:
             lines.append(f"{sum(c[d.count] for c in shown)} {d.what} in {len(shown)} case(s); e.g. {shown[0]['id']}:")
             example = clean(shown[0].get(d.example) or shown[0].get("message") or "").strip().splitlines()
             lines += [f"      {line}" for line in example[:8]]
+    partial = [c for c in doc["cases"] if c["status"] == "partial"]
+    if partial:
+        lines.append("")
+        lines.append(f"{len(partial)} case(s) partial: every output judged passes, the implementation declined "
+                     f"{sorted({n for c in partial for n in c.get('declined') or ()})}; e.g. {partial[0]['id']}")
     if doc.get("stopped"):
         lines.append("")
         lines.append(f"STOPPED: {doc['stopped']}; {doc.get('not_run', 0)} case(s) not run (they count for nothing, "

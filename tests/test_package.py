@@ -1,0 +1,211 @@
+"""The harness as a test dependency (docs/packaging.md): the sdist and the wheel carry the small tier,
+a fresh environment with only the wheel installed runs every case from an empty folder, a user's own
+implementation and pytest suite run against it, and a run over two xdist process gateways (the code
+path ssh gateways use) matches a serial one.
+
+The environment is a new virtualenv holding the wheel alone; its dependencies (torch, safetensors,
+...) come from this interpreter's site-packages through a .pth line, so nothing is downloaded and the
+checkout's own (editable) harness is never on its path.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import venv
+import zipfile
+from xml.etree import ElementTree
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, results, statuses
+from harness.execution import CaseExecutor
+from harness.golden import read_manifest
+
+pytestmark = pytest.mark.xdist_group("package")  # one worker builds the environment (make test: --dist loadgroup)
+
+SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "conformance.yaml", "harness", "cases", "goldens")
+MANIFEST = read_manifest(ROOT / "goldens")
+
+
+def _ignored(folder: str, names: list[str]) -> list[str]:
+    here = Path(folder)
+    built = here.name == "production" and here.parent.name == "goldens"  # locally built production goldens
+    return [n for n in names if n in ("__pycache__", ".manifest.lock") or n.endswith(".egg-info")
+            or (built and (here / n).is_dir())]
+
+
+def _copy_sources(dest: Path) -> None:
+    """The files a release is built from (what a clean clone holds), without built production goldens."""
+    for name in SOURCES:
+        source = ROOT / name
+        if source.is_file():
+            shutil.copy(source, dest / name)
+        else:
+            shutil.copytree(source, dest / name, ignore=_ignored)
+
+
+def _build(hook: str, source: Path, out: Path) -> Path:
+    code = f"from setuptools import build_meta as b; print(b.{hook}({str(out)!r}))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=source, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / proc.stdout.strip().splitlines()[-1]
+
+
+class Installed:
+    def __init__(self, root: Path, sdist: Path, wheel: Path):
+        self.root, self.sdist, self.wheel = root, sdist, wheel
+        self.python = root / "env" / "bin" / "python"
+        self.conformance = root / "env" / "bin" / "conformance"
+
+    def run(self, *args, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+        return subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+    def folder(self, name: str) -> Path:
+        path = self.root / name
+        path.mkdir()
+        return path
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Installed:
+    root = tmp_path_factory.mktemp("package")
+    source, dist = root / "source", root / "dist"
+    source.mkdir(), dist.mkdir()
+    _copy_sources(source)
+    sdist = _build("build_sdist", source, dist)
+    unpacked = root / "unpacked"
+    with tarfile.open(sdist) as archive:
+        archive.extractall(unpacked, filter="data")
+    wheel = _build("build_wheel", next(unpacked.iterdir()), dist)  # the wheel is built from the sdist
+    venv.EnvBuilder(with_pip=False).create(root / "env")
+    env_python = root / "env" / "bin" / "python"
+    site = subprocess.run([str(env_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(env_python), "install", "-q", "--no-deps",
+                           "--no-index", str(wheel)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return Installed(root, sdist, wheel)
+
+
+def test_the_sdist_and_the_wheel_carry_the_small_tier_and_only_the_pin_of_the_production_tier(installed):
+    names = set(zipfile.ZipFile(installed.wheel).namelist())
+    store = "harness/_store/"
+    goldens = {n for n in names if n.startswith(store + "goldens/") and n.endswith(".safetensors")}
+    assert goldens == {f"{store}goldens/{e['file']}" for e in MANIFEST.values()}
+    assert {f"{store}goldens/MANIFEST.json", f"{store}goldens/production/MANIFEST.json",
+            f"{store}conformance.yaml"} <= names
+    assert {f"{store}cases/{p.relative_to(ROOT / 'cases')}" for p in (ROOT / "cases").rglob("*.yaml")} <= names
+    assert "harness/pytest_cases.py" in names
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "harness.pytest_cases" in zipfile.ZipFile(installed.wheel).read(entry_points).decode()
+    with tarfile.open(installed.sdist) as archive:
+        members = [m.split("/", 1)[1] for m in archive.getnames() if "/" in m]
+    assert {f"goldens/{e['file']}" for e in MANIFEST.values()} <= set(members)
+    assert "goldens/production/MANIFEST.json" in members
+    assert not [m for m in members if m.startswith("goldens/production/") and m.count("/") > 2]
+
+
+def test_from_an_empty_folder_the_installed_package_passes_every_case(installed):
+    empty = installed.folder("empty")
+    proc = installed.run(installed.conformance, "run", "--impl", "reference", "--report-dir", "rep", cwd=empty)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = results(empty / "rep")
+    assert set(statuses(doc).values()) == {"pass"} and set(statuses(doc)) == set(MANIFEST)
+    assert doc["exit_code"] == 0 and "PASS" in proc.stdout and not doc["problems"]
+    for name in ("summary.md", "junit.xml", "report.html"):
+        assert (empty / "rep" / name).stat().st_size > 0
+    ElementTree.fromstring((empty / "rep" / "junit.xml").read_text())  # well-formed
+    assert doc["store"]["origin"] == "package" and doc["store"]["version"] == doc["versions"]["harness"]
+    assert doc["store"]["manifest_sha256"] == doc["goldens"]["manifest_sha256"]
+    where = installed.run(installed.python, "-c", "import harness; print(harness.__file__)", cwd=empty).stdout
+    assert str(installed.root) in where and str(ROOT) not in where  # the wheel's harness, not the checkout's
+
+
+def test_a_team_project_runs_its_own_implementation_and_its_own_pytest_suite(installed):
+    team = installed.root / "team"
+    shutil.copytree(ROOT / "examples" / "team", team, ignore=shutil.ignore_patterns("__pycache__"))
+    proc = installed.run(installed.conformance, "run", "--impl", "kernels", "--select", "quant.*", "--report-dir",
+                         "rep", cwd=team)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = statuses(results(team / "rep"))
+    assert {s for c, s in got.items() if c.startswith("quant.e2m1/")} == {"pass"}
+    assert {s for c, s in got.items() if not c.startswith("quant.e2m1/")} == {"unsupported"}
+    # its own tests (the Python API) and the cases as tests, one per case, judging the fixture's object
+    proc = installed.run(installed.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--kernels-device", "cpu",
+                         "--conformance-impl", "kernels", "--conformance-select", "quant.e2m1", cwd=team)
+    e2m1 = sum(c.startswith("quant.e2m1/") for c in MANIFEST)
+    assert proc.returncode == 0 and f"{e2m1 + e2m1 + 1} passed" in proc.stdout, proc.stdout[-3000:]
+
+
+MIXED = """
+from harness import Unsupported
+from harness.adapters.reference import ReferenceAdapter
+
+
+class Mixed(ReferenceAdapter):
+    \"\"\"Passes some cases, fails, raises and declines others: verdicts worth comparing.\"\"\"
+
+    def run(self, component, inputs, params):
+        if component == "window.indices" and params["mode"] == "chunk":
+            raise Unsupported("no chunk mode")
+        if component == "topk.torch_cpu" and params["k"] > 32:
+            raise RuntimeError("k too large for this kernel")
+        out = super().run(component, inputs, params)
+        if component == "quant.fp4_e8m0":
+            out["y"] = out["y"] * 2
+        return out
+"""
+
+
+def test_pytest_in_a_throwaway_project_gets_one_test_per_case_and_two_gateways_judge_like_one(installed):
+    project = installed.folder("throwaway")
+    (project / "test_nothing_else.py").write_text("def test_own():\n    pass\n")
+    proc = installed.run(installed.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--conformance-impl",
+                         "reference", "--conformance-report-dir", "rep", "--conformance-no-isolate", "-rA", cwd=project)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert f"{len(MANIFEST) + 1} passed" in proc.stdout
+    passed = {line.split("::", 1)[1] for line in proc.stdout.splitlines() if line.startswith("PASSED conformance::")}
+    assert passed == set(MANIFEST)  # the test ids are the case ids
+    doc = results(project / "rep")
+    assert set(statuses(doc).values()) == {"pass"} and doc["store"]["origin"] == "package"
+    # over two xdist process gateways (the code path of ssh ones), with isolation: the serial verdicts
+    (project / "mixed.py").write_text(MIXED)
+    common = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--conformance-impl", "mixed.py:Mixed",
+              "--conformance-select", "quant.*,topk.*,window.indices"]
+    serial = installed.run(installed.python, *common, "--conformance-report-dir", "serial", cwd=project)
+    spread = installed.run(installed.python, *common, "--conformance-report-dir", "spread", "--dist", "load",
+                           "--tx", f"2*popen//python={installed.python}", "-v", cwd=project)  # -q -v: "created:"
+    assert serial.returncode == spread.returncode == 1, spread.stdout[-3000:]
+    assert "created: 2/2 workers" in spread.stdout, spread.stdout[-2000:]
+    a, b = results(project / "serial"), results(project / "spread")
+    assert statuses(a) == statuses(b) and {"pass", "fail", "error", "unsupported"} == set(statuses(a).values())
+    assert [c["message"] for c in a["cases"]] == [c["message"] for c in b["cases"]]
+
+
+def test_a_worker_holding_another_store_fails_every_case_loudly(tmp_path):
+    from harness.adapters.loader import resolve
+    from harness.config import load_config
+    from harness.session import RunOptions, run_document
+
+    config = load_config(ROOT / "conformance.yaml")
+    ids = sorted(c for c in MANIFEST if c.startswith("quant.e2m1/"))
+    options = RunOptions(impl="reference", select=[], report_dir=tmp_path, isolate=False)
+    doc = run_document(config, options, resolve("reference", config), ids, "t", None)
+    assert CaseExecutor.from_run(doc).run(ids[0]).status == "pass"
+    for field, value, says in (("version", "0.0.1", "the controller judged the package store of v41-conformance 0.0.1"),
+                               ("manifest_sha256", "f" * 64, "manifest ffffffffffff")):
+        other = json.loads(json.dumps(doc))
+        other["store"] = {**other["store"], "origin": "package", field: value}
+        result = CaseExecutor.from_run(other).run(ids[0])
+        assert result.status == "error" and "every machine of a run must hold the same golden store" in result.message
+        assert says in result.message, result.message
+    other = {**doc, "harness_version": "9.9"}
+    result = CaseExecutor.from_run(other).run(ids[0])
+    assert result.status == "error" and "the controller runs 9.9" in result.message
