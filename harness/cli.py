@@ -173,6 +173,8 @@ def generate(select, check, tier, goldens_dir, cases_dir, config_path):
         torch.set_num_threads(1)
     try:
         config = _config(config_path, tier, goldens_dir, cases_dir)
+        if not check:
+            _refuse_packaged(config)
         report = run_generate(config, parse_select(select), check=check, progress=print_progress())
     except HarnessError as exc:
         _fail_usage(exc)
@@ -190,6 +192,59 @@ def generate(select, check, tier, goldens_dir, cases_dir, config_path):
         click.echo(f"wrote {len(report.written)}, unchanged {len(report.unchanged)}, removed {len(report.removed)}, "
                    f"errors {len(report.errors)}")
     sys.exit(0 if report.ok else 1)
+
+
+def _refuse_packaged(config) -> None:
+    """The small tier installed with the package is the package's: `generate` writes a store of yours."""
+    from .store import origin
+
+    if config.tier == "small" and origin(config.goldens) == "package":
+        raise UsageError(f"{config.goldens} is the golden store installed with the package, which "
+                         "`conformance generate` does not rewrite; point `goldens:` (and `cases:`) in your "
+                         "conformance.yaml, or --goldens, at a folder of your own")
+
+
+@main.command(name="check-protocol")
+@click.option("--impl", "impl_name", default=None, help="a subprocess implementation named in conformance.yaml")
+@click.option("--batch", is_flag=True, help="with a COMMAND: drive `COMMAND serve` (default: `COMMAND run` per request)")
+@config_option
+@click.argument("command", nargs=-1)
+def check_protocol(impl_name, batch, config_path, command):
+    """Check how a program reads the subprocess protocol, before its numbers: every tensor dtype and
+    param type round-trips through its `protocol.echo` (docs/subprocess-protocol.md).
+
+    \b
+    conformance check-protocol -- target/release/my-port
+    conformance check-protocol --impl my-rust-port
+    """
+    from .adapters.subprocess_adapter import SubprocessAdapter
+    from .protocol_check import check_program
+
+    try:
+        if bool(impl_name) == bool(command):
+            raise UsageError("give a program after `--` (conformance check-protocol -- COMMAND ...) or --impl NAME")
+        if impl_name:
+            config = _config(config_path)
+            conf = config.impls.get(impl_name)
+            if not conf or "command" not in conf:
+                raise UsageError(f"--impl {impl_name!r}: check-protocol needs an impls entry with `command:` in "
+                                 f"{config.path}")
+            adapter = SubprocessAdapter.from_conf(impl_name, conf, config.root)
+        else:
+            adapter = SubprocessAdapter.from_conf("check-protocol", {"command": list(command), "batch": batch}, Path.cwd())
+    except HarnessError as exc:
+        _fail_usage(exc)
+    try:
+        findings, checked = check_program(adapter)
+    finally:
+        adapter.close(kill=True)
+    for finding in findings:
+        click.echo(finding.line())
+    if findings:
+        click.echo(f"{len(findings)} problem(s) in {checked} item(s) sent; the catalogue (conformance list --components) "
+                   "and docs/subprocess-protocol.md give every encoding")
+        sys.exit(1)
+    click.echo(f"protocol ok: {checked} tensors and params over 2 requests came back bit for bit")
 
 
 @main.command()

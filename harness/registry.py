@@ -223,6 +223,8 @@ class Component:
     extra: dict[str, Any] = field(default_factory=dict)
     params: tuple[ParamSpec, ...] = ()
     dims: dict[str, str] = field(default_factory=dict)  # symbolic dim -> its meaning
+    # (failing output name, params) -> a line saying what that output holds for this case ('' for none)
+    explain: Callable[[str, Params], str] | None = None
 
     def with_defaults(self, params: Params) -> Params:
         """`params` with every optional param the case left out set to its default: what an

@@ -251,6 +251,10 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
                 result.outputs[name]["note"] = note[:NOTE_CHARS]
             continue
         message = verdict.message + _given_lines(stage)
+        said = component.explain(name, params) if component.explain is not None else ""
+        if said:  # right under the output's first line, where the terminal report shows it
+            head, _, rest = message.partition("\n")
+            message = f"{head}\n  {said}" + (f"\n{rest}" if rest else "")
         if not verdict.metrics:  # attribute problem: wrong dtype, shape or type
             attribute_errors.append(message)
         else:

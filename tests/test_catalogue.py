@@ -74,8 +74,8 @@ def test_list_components_json_and_text(tmp_path):
     doc = json.loads(proc.stdout)
     compressor = doc["components"]["compressor"]
     assert compressor["stepped"] and {t["name"] for t in compressor["returns"]} == {"rows", "row_positions", "ring"}
-    ring_live = next(t for t in compressor["compared"] if t["name"] == "ring_live")
-    assert ring_live["derived"] and ring_live["dtype"] == "f32" and ring_live["shape"] == ["b", "Pn", "2", "hd"]
+    ring_kept = next(t for t in compressor["compared"] if t["name"] == "ring_kept")
+    assert ring_kept["derived"] and ring_kept["dtype"] == "f32" and ring_kept["shape"] == ["b", "Pn", "2", "hd"]
     select = doc["components"]["candidates.select"]
     assert [t["name"] for t in select["returns"]] == ["mask"] and "derived" in select["compared"][1]
     factor = next(p for p in doc["components"]["rope.yarn_table"]["params"] if p["name"] == "factor")

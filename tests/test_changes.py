@@ -108,6 +108,20 @@ def test_a_regenerated_golden_is_reported_as_such_not_as_a_regression(runs, tmp_
     assert f"{changed['id']}: pass -> fail  (golden " in text and "judged as a new case" in text
 
 
+def test_diff_says_when_the_two_runs_judged_different_golden_stores(runs, tmp_path):
+    code, text = cli("diff", str(runs["pass"]), str(runs["float64"]))
+    assert "WARNING" not in text and results(runs["pass"])["store"]["origin"] == "checkout"
+    for field, value in (("manifest_sha256", "e" * 64), ("version", "0.0.9")):
+        doc = results(runs["float64"])
+        doc["store"] = {**doc["store"], "origin": "package", field: value}
+        (tmp_path / "results.json").write_text(json.dumps(doc))
+        code, text = cli("diff", str(runs["pass"]), str(tmp_path / "results.json"))
+        assert "WARNING: the runs judged different golden stores: base checkout store of v41-conformance" in text
+        assert ("manifest eeeeeeeeeeee" if field == "manifest_sha256" else "v41-conformance 0.0.9") in text
+        code, raw = cli("diff", str(runs["pass"]), str(tmp_path / "results.json"), "--format", "markdown")
+        assert "**Warning:** the runs judged different golden stores" in raw
+
+
 def test_diff_of_a_missing_or_damaged_report_is_a_usage_error_naming_the_file(runs, tmp_path):
     code, text = cli("diff", str(tmp_path / "nowhere"), str(runs["pass"]))
     assert code == 2 and "nowhere/results.json not found" in text

@@ -195,6 +195,7 @@ def test_a_batch_program_that_breaks_the_protocol_is_restarted_and_its_stderr_ke
     bad = cases["quant.e2m1/midpoints"]
     assert bad["status"] == "error" and "broke the protocol" in bad["message"], proc.stdout
     assert "'progress 50%'" in bad["message"] and "Traceback" not in bad["message"]
+    assert "instead of 'ok', 'error <message>' or 'unsupported <reason>'" in bad["message"]  # every answer
     assert "serving quant.e2m1 with" in bad["message"]  # its stderr, shown with the error
     # the cases after it get their own answers, from a fresh process
     assert {c["status"] for i, c in cases.items() if i != "quant.e2m1/midpoints"} == {"pass"}

@@ -126,6 +126,15 @@ def test_from_an_empty_folder_the_installed_package_passes_every_case(installed)
     assert doc["store"]["manifest_sha256"] == doc["goldens"]["manifest_sha256"]
     where = installed.run(installed.python, "-c", "import harness; print(harness.__file__)", cwd=empty).stdout
     assert str(installed.root) in where and str(ROOT) not in where  # the wheel's harness, not the checkout's
+    # the packaged store is not rewritten; its production tier is built into the user cache, pin copied in
+    refused = installed.run(installed.conformance, "generate", "--select", "quant.e2m1/*", cwd=empty)
+    assert refused.returncode == 2 and "the golden store installed with the package" in refused.stderr
+    cache = installed.root / "cache"
+    probe = ("import os, sys; os.environ['CONFORMANCE_CACHE'] = sys.argv[1]; from harness.config import load_config; "
+             "print(load_config().for_tier('production').goldens)")
+    production = Path(installed.run(installed.python, "-c", probe, str(cache), cwd=empty).stdout.strip())
+    assert cache in production.parents and production.name == "production"
+    assert (production / "MANIFEST.json").read_bytes() == (ROOT / "goldens" / "production" / "MANIFEST.json").read_bytes()
 
 
 def test_a_team_project_runs_its_own_implementation_and_its_own_pytest_suite(installed):
@@ -175,18 +184,24 @@ def test_pytest_in_a_throwaway_project_gets_one_test_per_case_and_two_gateways_j
     assert passed == set(MANIFEST)  # the test ids are the case ids
     doc = results(project / "rep")
     assert set(statuses(doc).values()) == {"pass"} and doc["store"]["origin"] == "package"
-    # over two xdist process gateways (the code path of ssh ones), with isolation: the serial verdicts
+    # over two xdist process gateways (the code path of ssh ones): the serial verdicts and messages;
+    # the project's own conformance.yaml (layered on the packaged one) names it, with an expectation
     (project / "mixed.py").write_text(MIXED)
-    common = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--conformance-impl", "mixed.py:Mixed",
-              "--conformance-select", "quant.*,topk.*,window.indices"]
+    (project / "conformance.yaml").write_text(
+        "impls:\n  mixed:\n    python: mixed.py:Mixed\n    expectations:\n"
+        "      - {pattern: 'quant.fp4_e8m0/*', status: fail, reason: 'doubles y, issue 1'}\n")
+    common = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--conformance-impl", "mixed",
+              "--conformance-select", "quant.*,topk.*,window.indices", "--conformance-no-isolate"]
     serial = installed.run(installed.python, *common, "--conformance-report-dir", "serial", cwd=project)
     spread = installed.run(installed.python, *common, "--conformance-report-dir", "spread", "--dist", "load",
                            "--tx", f"2*popen//python={installed.python}", "-v", cwd=project)  # -q -v: "created:"
     assert serial.returncode == spread.returncode == 1, spread.stdout[-3000:]
     assert "created: 2/2 workers" in spread.stdout, spread.stdout[-2000:]
     a, b = results(project / "serial"), results(project / "spread")
-    assert statuses(a) == statuses(b) and {"pass", "fail", "error", "unsupported"} == set(statuses(a).values())
+    assert statuses(a) == statuses(b) and {"pass", "xfail", "error", "unsupported"} == set(statuses(a).values())
     assert [c["message"] for c in a["cases"]] == [c["message"] for c in b["cases"]]
+    assert {s for c, s in statuses(a).items() if c.startswith("quant.fp4_e8m0/")} == {"xfail"}
+    assert "xfailed" in serial.stdout and a["config"]["layered_on"].endswith("harness/_store/conformance.yaml")
 
 
 def test_a_worker_holding_another_store_fails_every_case_loudly(tmp_path):

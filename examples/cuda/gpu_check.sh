@@ -13,7 +13,9 @@
 #      that case fails, its child is replaced by a fresh fork, every other case passes;
 #   7. the production tier's attention case (fp8 checkpoint, 1,030-token prefill) built locally, then
 #      run --device cuda with upstream's own torch arithmetic returning its intermediates: every
-#      output is judged along the chain (docs/verdicts.md) given the GPU's own values.
+#      output is judged along the chain (docs/verdicts.md) given the GPU's own values;
+#   8. the pytest plugin (harness/pytest_cases.py) from an empty folder, as a team's own suite runs
+#      it: pytest --conformance-impl <the Triton example> --conformance-device cuda.
 # Each step runs under a time limit and logs to $OUT/<step>.log; a short summary comes last.
 #
 # Usage (from anywhere):  examples/cuda/gpu_check.sh
@@ -88,13 +90,19 @@ step sticky "$PY" examples/cuda/sticky_check.py "$OUT/sticky" || failed=1
 step production bash -c "'$PY' -m harness generate --tier production --select 'attention/*' && \
     '$PY' -m harness run --device cuda --tier production --impl tests/impls/gate_upstream.py:UpstreamTorch \
     --select 'attention/*' --timeout $LIMIT --report-dir '$OUT/production'" || failed=1
+PLUGIN_DIR=$(mktemp -d)
+PY_ABS=$("$PY" -c 'import sys; print(sys.executable)')
+step plugin bash -c "cd '$PLUGIN_DIR' && '$PY_ABS' -m pytest -q -p no:cacheprovider \
+    --conformance-impl '$PWD/examples/triton_impl.py:TritonImpl' --conformance-device cuda \
+    --conformance-select 'quant.e2m1,quant.fp4_e8m0,indexer.scores' --conformance-report-dir '$PWD/$OUT/plugin'" \
+    || failed=1
 
 echo
 echo "gpu_check summary"
 for i in "${!NAMES[@]}"; do
     printf '  %-10s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"
 done
-for name in cuda triton fp8 forked sticky production; do
+for name in cuda triton fp8 forked sticky production plugin; do
     if [ -f "$OUT/$name/results.json" ]; then
         "$PY" - "$OUT/$name/results.json" "$name" <<'EOF'
 import json, sys

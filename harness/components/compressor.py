@@ -28,6 +28,7 @@ from ..reference import compressor as cp
 from ..registry import Component, OutputSpec, register
 from ..registry import ParamSpec as P
 from ..registry import TensorSpec as T
+from ..stepnames import step_of
 from ..schedules import (
     compositions, is_rollback, max_step, parse_schedule_name, ragged, schedule_name, validate_schedule,
 )
@@ -35,7 +36,7 @@ from .build import need, normal
 from .steps import drive_steps, step_output_names
 
 STEP_RESULT = ("rows", "row_positions", "ring")  # what an implementation returns per step
-RECORDED = ("rows", "row_positions", "ring_live")  # what the harness records and compares per step
+RECORDED = ("rows", "row_positions", "ring_kept")  # what the harness records and compares per step
 METADATA_OUTPUTS = ("row_positions", "store_slots", "valid", "out_rows")
 
 
@@ -161,22 +162,47 @@ def _compressor_step_inputs(params):
     return step_inputs
 
 
-def _ring_live(step_in, result, step_params):
-    """Record the ring's live slots (canonical layout) instead of the whole ring."""
+def next_start(step_params) -> int:
+    """Where the schedule's next step starts: the step's end, or before it for a rollback."""
+    schedule, step = step_params["schedule"], int(step_params["step"])
+    return int(schedule[step + 1][0]) if step + 1 < len(schedule) else int(step_params["end"])
+
+
+def _ring_kept(step_in, result, step_params):
+    """Record the ring slots the schedule's next step reads (canonical layout), not the whole ring:
+    the open group's positions at the next step's start, so a draft step that dropped a slot a
+    rollback reads fails at the draft step itself (docs/schedules.md, "Which slots to keep")."""
     given, ring = step_in["ring"], result["ring"]
     if ring.dtype != torch.float32 or tuple(ring.shape) != tuple(given.shape):
         raise ValueError(
             f"returned ring {ring.dtype} {list(ring.shape)}, expected the canonical layout float32 "
             f"{list(given.shape)} (S slots of (score, latent), position p in slot p mod S; docs/schedules.md)"
         )
-    live = cp.live_slots(int(step_params["end"]), _ratio(step_params), ring.shape[1])
+    read = cp.live_slots(next_start(step_params), _ratio(step_params), ring.shape[1])
     return {"rows": result["rows"], "row_positions": result["row_positions"],
-            "ring_live": ring.detach().cpu()[:, live].contiguous()}
+            "ring_kept": ring.detach().cpu()[:, read].contiguous()}
+
+
+def _explain(name: str, params) -> str:
+    """Which positions a failing `sNN.ring_kept` holds, and why the step had to keep them."""
+    step, output = step_of(name), name.split(".", 1)[-1]
+    if output != "ring_kept" or step is None or _ratio(params) != 2:
+        return ""
+    schedule = [(int(a), int(b)) for a, b in params["schedule"]]
+    start, end = schedule[step]
+    restart = next_start({"schedule": schedule, "step": step, "end": end})
+    read = list(cp.pending_positions(restart, 2))
+    if restart == end:
+        return f"it holds the ring slots of position(s) {read}: the open group at the step's end {end}"
+    return (f"it holds the ring slot(s) of position(s) {read}, which the next step [{restart}, "
+            f"{schedule[step + 1][1]}) reads: a rollback to {restart}, so the draft step [{start}, {end}) must keep "
+            f"them although its own open group is {list(cp.pending_positions(end, 2))} (a step keeps positions "
+            f"{cp.kept_positions(start, end, 2)}; docs/schedules.md, \"Which slots to keep\")")
 
 
 def _compressor_execute(call, inputs, params):
     return drive_steps(call, inputs, params, _compressor_step_inputs(params), state={"ring": "ring"},
-                       outputs=STEP_RESULT, derive=_ring_live)
+                       outputs=STEP_RESULT, derive=_ring_kept)
 
 
 register(Component(
@@ -190,13 +216,15 @@ register(Component(
     outputs=(
         OutputSpec("rows", "bf16", "pre-RoPE latents of the groups the step completed, in order", "bf16", "b G hd"),
         OutputSpec("row_positions", "exact", "each completed group's first position j*r", "int64", "G"),
-        OutputSpec("ring_live", "f32", "the returned ring's live slots (pending positions, in position order)",
+        OutputSpec("ring_kept", "f32", "the returned ring's slots the next step reads: the open group's positions "
+                   "at the next step's start (its end, or the earlier start of a rollback), in position order",
                    "f32", "b Pn 2 hd"),
     ),
     returns=(T("rows", "bf16", "b G hd"), T("row_positions", "int64", "G"),
              T("ring", "f32", "b Sr 2 hd", "the new ring, in the layout it was given")),
-    derived={"ring_live": "the returned ring's slots of the open group's positions (live_slots), so no slot a "
-                          "future step never reads is judged"},
+    derived={"ring_kept": "the returned ring's slots of the open group's positions at the next step's start "
+                          "(live_slots of that start): every slot a rollback may read must be kept, and only "
+                          "slots a step reads are judged"},
     steps="one call per schedule step [start, end): x is that step's chunk, ring the ring the implementation "
           "returned at the previous step (the golden's fresh ring at step 0); compared per step as sNN.<output>",
     params=(P("ratio", "int", "compress ratio", choices=(1, 2), required=False, default=2),
@@ -207,9 +235,10 @@ register(Component(
             P("end", "int", "one past this step's last position", "positions", driver=True)),
     dims={"b": "batch", "n": "the step's positions", "dim": "input width", "hd": "head_dim",
           "Sr": "ring slots (>= r + longest step - 1)", "2": "(score, latent)", "G": "groups completed in the step",
-          "Pn": "pending positions of the open group"},
+          "Pn": "the open group's positions at the next step's start"},
     build=_compressor_inputs,
     reference=_compressor_reference,
+    explain=_explain,
     execute=_compressor_execute,
     expected_outputs=step_output_names(RECORDED),
     floor=64,

@@ -193,6 +193,19 @@ def live_slots(position_end: int, ratio: int, slots: int) -> torch.Tensor:
     return torch.tensor([p % slots for p in pending], dtype=torch.int64)
 
 
+def kept_positions(start: int, end: int, ratio: int) -> list[int]:
+    """The positions whose ring slots a step [start, end) must keep (docs/schedules.md, "Which slots
+    to keep"). The next step continues at `end` or rolls back to any start in [start, end) (a
+    rollback undoes part of the previous step only), and reads the open group's positions at its
+    start; together those are every position of [start - start % ratio, end) except the last of
+    each group. The capacity rule S >= r + n - 1 is what makes them fit (at most n + r - 1).
+
+    Example: kept_positions(5, 9, 2) -> [4, 6, 8]; kept_positions(4, 8, 2) -> [4, 6].
+    """
+    check_ratio(ratio)
+    return [p for p in range(start - start % ratio, end) if p % ratio != ratio - 1]
+
+
 def pending_state(ring: torch.Tensor, position_end: int, ratio: int) -> torch.Tensor:
     """fp32 [b, P, 2, hd]: the live slots' contents in position order (comparable across S)."""
     _check_ring(ring)

@@ -41,6 +41,22 @@ class RingOneSlotSmall(ReferenceAdapter):
         return super().run(component, inputs, params)
 
 
+class KeepsLiveSlotsOnly(ReferenceAdapter):
+    """Frees every ring slot but the open group's at the step's end (as a port that never rolls back
+    might): a rollback then reads a freed slot."""
+
+    def run(self, component, inputs, params):
+        out = super().run(component, inputs, params)
+        if component == "compressor" and int(params["ratio"]) == 2:
+            ring = out["ring"].clone()
+            live = cp.live_slots(int(params["end"]), 2, ring.shape[1])
+            freed = torch.ones(ring.shape[1], dtype=torch.bool)
+            freed[live] = False
+            ring[:, freed, 0], ring[:, freed, 1] = float("-inf"), 0.0  # a fresh slot
+            out["ring"] = ring
+        return out
+
+
 class EarlyPool(ReferenceAdapter):
     """Treats the end of every chunk as a group boundary: an open group is pooled over the
     positions it has so far and emitted as a row (a pair pooled before its boundary)."""
