@@ -72,7 +72,7 @@ class Installed:
         return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker, however xdist interleaves other modules' tests
 def installed(tmp_path_factory) -> Installed:
     root = tmp_path_factory.mktemp("package")
     source, dist = root / "source", root / "dist"
@@ -192,7 +192,7 @@ def test_pytest_in_a_throwaway_project_gets_one_test_per_case_and_two_gateways_j
         "      - {pattern: 'quant.fp4_e8m0/*', status: fail, reason: 'doubles y, issue 1'}\n")
     common = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--conformance-impl", "mixed",
               "--conformance-select", "quant.*,topk.*,window.indices", "--conformance-no-isolate"]
-    serial = installed.run(installed.python, *common, "--conformance-report-dir", "serial", cwd=project)
+    serial = installed.run(installed.python, *common[:-1], "--conformance-report-dir", "serial", cwd=project)  # isolated
     spread = installed.run(installed.python, *common, "--conformance-report-dir", "spread", "--dist", "load",
                            "--tx", f"2*popen//python={installed.python}", "-v", cwd=project)  # -q -v: "created:"
     assert serial.returncode == spread.returncode == 1, spread.stdout[-3000:]
