@@ -14,12 +14,12 @@ NUMERIC = ["quant.e2m1", "quant.fp4_e4m3", "quant.fp4_e8m0", "quant.fp8_ue8m0", 
            "rope.apply", "rope.yarn_table"]
 
 
-def test_reference_passes_and_writes_all_reports_over_pytest_workers(tmp_path):
-    # every golden, from the installed package and from the checkout's pytest plugin: tests/test_package.py
+def test_reference_passes_and_writes_all_reports(tmp_path):
+    # every golden: tests/test_package.py, from the installed package (the CLI and the pytest plugin);
+    # -n 2 over pytest workers: tests/test_ci_conditions.py
     report = tmp_path / "rep"
     select = "quant.*,norm.rms,compressor/r2-tiny-chunks-*,indexer/r1-*"
-    proc = run_cli("run", "--impl", "reference", "--select", select, "--report-dir", str(report), "-n", "2",
-                   "--no-isolate")
+    proc = run_cli("run", "--impl", "reference", "--select", select, "--report-dir", str(report), "--no-isolate")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = results(report)
     assert doc["exit_code"] == 0 and doc["impl"] == "reference" and doc["store"]["origin"] == "checkout"
