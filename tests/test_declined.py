@@ -109,3 +109,33 @@ def test_a_program_declines_an_output_in_its_output_metadata(tmp_path):
     assert {c["status"] for c in doc["cases"]} == {"partial"}
     assert all(c["outputs"]["codes"]["declined"] == "we keep values only" for c in doc["cases"])
     assert all(c["outputs"]["y"]["ok"] and c["outputs"]["scale_bytes"]["ok"] for c in doc["cases"])
+
+
+class NoRowPositions(ReferenceAdapter):
+    """A compressor that never reports where its rows start (a stepped component's non-state output)."""
+
+    def run(self, component, inputs, params):
+        out = super().run(component, inputs, params)
+        if component == "compressor":
+            out["row_positions"] = Declined("positions are implicit in our cache layout")
+        return out
+
+
+class DeclinesTheRing(ReferenceAdapter):
+    def run(self, component, inputs, params):
+        out = super().run(component, inputs, params)
+        if component == "compressor":
+            out["ring"] = Declined("no state")
+        return out
+
+
+def test_a_stepped_component_declines_an_output_of_every_step_but_never_its_state(tmp_path):
+    proc, report = _run(tmp_path, f"{__file__}:NoRowPositions", "compressor/r2-q6-p5-d4-rb2-d3")
+    case = results(report)["cases"][0]
+    assert proc.returncode == 0 and case["status"] == "partial", case["message"]
+    assert case["declined"] == ["s00.row_positions", "s01.row_positions", "s02.row_positions"]
+    assert all(m["ok"] for n, m in case["outputs"].items() if not n.endswith("row_positions"))
+    (tmp_path / "b").mkdir()
+    proc, report = _run(tmp_path / "b", f"{__file__}:DeclinesTheRing", "compressor/r2-q6-p5-d4-rb2-d3")
+    case = results(report)["cases"][0]
+    assert case["status"] == "error" and "state the next step needs, which cannot be declined" in case["message"]

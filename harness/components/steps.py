@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..adapters.base import Unsupported
+from ..adapters.base import Declined, Unsupported
 from ..registry import Call, Params, Tensors
 from ..runner import StepError
 from ..stepnames import step_name
@@ -58,8 +58,12 @@ def drive_steps(call: Call, inputs: Tensors, params: Params, step_inputs: StepIn
             raise StepError(i, f"[{start}, {end}) returned {sorted(result)}; expected {sorted(outputs)}")
         for name in outputs:
             value = result[name]
+            if isinstance(value, Declined) and name not in state:  # judged nowhere: the case is partial
+                continue
             if not isinstance(value, torch.Tensor):
-                raise StepError(i, f"output {name!r} is a {type(value).__name__}, not a tensor")
+                what = "state the next step needs, which cannot be declined" if isinstance(value, Declined) else \
+                    f"a {type(value).__name__}, not a tensor"
+                raise StepError(i, f"output {name!r} is {what}")
         record = {name: result[name] for name in outputs}
         if derive is not None:
             try:
@@ -67,7 +71,7 @@ def drive_steps(call: Call, inputs: Tensors, params: Params, step_inputs: StepIn
             except ValueError as exc:
                 raise StepError(i, f"[{start}, {end}) {exc}") from exc
         for name, value in record.items():
-            recorded[step_name(i, name)] = value.detach().cpu()
+            recorded[step_name(i, name)] = value if isinstance(value, Declined) else value.detach().cpu()
         carried = {in_name: result[out_name] for out_name, in_name in state.items()}
     return recorded
 
