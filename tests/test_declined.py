@@ -12,14 +12,22 @@ from harness import Declined
 from harness.adapters.reference import ReferenceAdapter
 
 
-class IdsOnly(ReferenceAdapter):
-    """An indexer that selects ids and never materialises their scores."""
+def declining(component: str, output: str, reason: str) -> type:
+    """The reference, declining one output of one component."""
 
-    def run(self, component, inputs, params):
-        out = super().run(component, inputs, params)
-        if component == "indexer":
-            out["scores"] = Declined("ids only: the scores are never materialised")
-        return out
+    class Declining(ReferenceAdapter):
+        def run(self, name, inputs, params):
+            out = super().run(name, inputs, params)
+            if name == component:
+                out[output] = Declined(reason)
+            return out
+
+    return Declining
+
+
+IdsOnly = declining("indexer", "scores", "ids only: the scores are never materialised")  # never materialised
+NoRowPositions = declining("compressor", "row_positions", "positions are implicit in our cache layout")
+DeclinesTheRing = declining("compressor", "ring", "no state")  # state: never declinable
 
 
 class IdsOnlyWrongIds(IdsOnly):
@@ -109,24 +117,6 @@ def test_a_program_declines_an_output_in_its_output_metadata(tmp_path):
     assert {c["status"] for c in doc["cases"]} == {"partial"}
     assert all(c["outputs"]["codes"]["declined"] == "we keep values only" for c in doc["cases"])
     assert all(c["outputs"]["y"]["ok"] and c["outputs"]["scale_bytes"]["ok"] for c in doc["cases"])
-
-
-class NoRowPositions(ReferenceAdapter):
-    """A compressor that never reports where its rows start (a stepped component's non-state output)."""
-
-    def run(self, component, inputs, params):
-        out = super().run(component, inputs, params)
-        if component == "compressor":
-            out["row_positions"] = Declined("positions are implicit in our cache layout")
-        return out
-
-
-class DeclinesTheRing(ReferenceAdapter):
-    def run(self, component, inputs, params):
-        out = super().run(component, inputs, params)
-        if component == "compressor":
-            out["ring"] = Declined("no state")
-        return out
 
 
 def test_a_stepped_component_declines_an_output_of_every_step_but_never_its_state(tmp_path):
