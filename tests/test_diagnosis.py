@@ -76,6 +76,7 @@ def test_every_variant_is_placed_and_documented():
     doc = (ROOT / "docs" / "diagnosis.md").read_text()
     for v in VARIANTS:
         assert f"`{v.name}`" in doc, v.name
+    assert f"each of {len(VARIANTS)} known porting bugs" in (ROOT / "README.md").read_text()
 
 
 @pytest.mark.parametrize("name", sorted(WHERE))
