@@ -118,6 +118,9 @@ def case(case_id: str, tier: str = "small", config: str | Path | None = None) ->
     return found[0]
 
 
+_by_id = case  # `check` and `check_outputs` take a parameter named `case`
+
+
 class _Function:
     """A plain function run(component, inputs, params) as an implementation of every component."""
 
@@ -151,7 +154,7 @@ def check(case: Case | str, impl, impl_conf: dict | None = None, tier: str = "sm
     from .runner import run_case
 
     if isinstance(case, str):
-        case = globals()["case"](case, tier)
+        case = _by_id(case, tier)
     if not (callable(getattr(impl, "run", None)) and callable(getattr(impl, "supports", None))):
         if not callable(impl):
             raise UsageError("check(): impl must have supports() and run(), or be a function run(component, inputs, params)")
@@ -167,7 +170,7 @@ def check_outputs(case: Case | str, outputs: dict[str, torch.Tensor], impl_conf:
     """Judge outputs computed for the case's inputs (`case.inputs()`). Only for a case that is one call;
     a schedule needs `check` (its later calls depend on the state the earlier ones returned)."""
     if isinstance(case, str):
-        case = globals()["case"](case, tier)
+        case = _by_id(case, tier)
     if case.stepped:
         raise UsageError(f"{case.id}: a stepped case is several calls; judge it with api.check(case, impl)")
     given = _Given(outputs)

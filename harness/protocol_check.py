@@ -111,8 +111,7 @@ def check_program(adapter) -> tuple[list[Finding], int]:
 
     findings: list[Finding] = []
     try:
-        adapter.supports(ECHO)
-        findings += check_components(adapter._answer or [])
+        findings += check_components(adapter.components_answer())
     except ImplementationError as exc:
         findings.append(Finding("", f"`components` failed: {exc}"))
     checked = 0

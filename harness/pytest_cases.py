@@ -58,6 +58,27 @@ class Plan:
     token: str
     started: float = field(default_factory=time.time)
     _spec: Any = None
+    _expectations: Any = None
+    _manifest: Any = None
+
+    @property
+    def conf(self) -> dict:
+        """The implementation's conformance.yaml entry ({} for a target named by path or module)."""
+        return self.config.impls.get(self.options.impl, {})
+
+    def expectations(self) -> list:
+        from .expectations import load_expectations
+
+        if self._expectations is None:
+            self._expectations = load_expectations(self.conf, self.config.root, f"{self.config.path}: impls")
+        return self._expectations
+
+    def manifest(self) -> dict:
+        from .golden import read_manifest
+
+        if self._manifest is None:
+            self._manifest = read_manifest(self.config.goldens)
+        return self._manifest
 
     def spec(self):
         from .adapters.loader import resolve
@@ -163,7 +184,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 def _judge_case(request, conformance_impl):
     """One case: its verdict, as a pytest outcome."""
-    from .expectations import apply_expectations, load_expectations
+    from .expectations import apply_expectations
     from .ids import split_case_id
     from .runner import CaseResult, run_case
 
@@ -176,16 +197,11 @@ def _judge_case(request, conformance_impl):
         except Exception as exc:  # a harness bug: never blame the implementation for it
             result = CaseResult(case_id, split_case_id(case_id)[0], "error",
                                 f"harness internal error (please report): {type(exc).__name__}: {exc}")
-        conf = plan.spec().conf
-    else:
-        conf = plan.config.impls.get(plan.options.impl, {})
-        from .golden import read_manifest
-
-        result = run_case(case_id, plan.config, conformance_impl, plan.options.impl, read_manifest(plan.config.goldens),
-                          conf)
+    else:  # the project's own object, in this process
+        result = run_case(case_id, plan.config, conformance_impl, plan.options.impl, plan.manifest(), plan.conf)
     data = result.to_json()
     data["repro"] = plan.options.repro(case_id)
-    apply_expectations([data], load_expectations(conf, plan.config.root, f"{plan.config.path}: impls"))
+    apply_expectations([data], plan.expectations())
     if len(data.get("message") or "") > MESSAGE_CHARS:
         data["message"] = data["message"][:MESSAGE_CHARS] + "\n[...]"
     request.node.user_properties.append((RESULT_KEY, json.dumps(data)))
@@ -200,7 +216,6 @@ def _judge_case(request, conformance_impl):
 
 
 def _write_reports(plan: Plan, collector: ResultCollector) -> None:
-    from .expectations import load_expectations
     from .report import write_reports
     from .session import NOT_RUN, summarise
 
@@ -214,9 +229,7 @@ def _write_reports(plan: Plan, collector: ResultCollector) -> None:
                     "message": "not run: deselected, or the session ended before it; this says nothing about "
                                "the implementation", "repro": plan.options.repro(case_id)}
         results.append(data)
-    conf = plan.config.impls.get(plan.options.impl, {})
-    expectations = load_expectations(conf, plan.config.root, f"{plan.config.path}: impls")
-    stale = [f"{e.pattern} ({e.status}: {e.reason})" for e in expectations
+    stale = [f"{e.pattern} ({e.status}: {e.reason})" for e in plan.expectations()
              if not any(e.matches(d["id"]) for d in results)]
     try:
         spec = plan.spec()

@@ -138,6 +138,11 @@ class SubprocessAdapter:
 
         if self._patterns is not None and not matches_any(component, self._patterns):
             return False
+        return matches_any(component, self.components_answer())
+
+    def components_answer(self) -> list[str]:
+        """What `COMMAND components` lists (asked once); `*` for a program without the answer that
+        has `supports:` patterns."""
         if self._answer is None:
             proc = subprocess.run([*self.command, "components"], capture_output=True, text=True, timeout=60, cwd=self.root)
             if proc.returncode == 0:
@@ -147,7 +152,7 @@ class SubprocessAdapter:
             else:
                 raise ImplementationError(f"`{' '.join(self.command)} components` exited {proc.returncode}: "
                                           f"{proc.stderr[-500:]} (answer it, or list supports: in conformance.yaml)")
-        return matches_any(component, self._answer)
+        return self._answer
 
     def run(self, component: str, inputs: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, torch.Tensor]:
         self._count += 1

@@ -162,10 +162,9 @@ def _compressor_step_inputs(params):
     return step_inputs
 
 
-def next_start(step_params) -> int:
+def next_start(schedule, step: int) -> int:
     """Where the schedule's next step starts: the step's end, or before it for a rollback."""
-    schedule, step = step_params["schedule"], int(step_params["step"])
-    return int(schedule[step + 1][0]) if step + 1 < len(schedule) else int(step_params["end"])
+    return int(schedule[step + 1][0]) if step + 1 < len(schedule) else int(schedule[step][1])
 
 
 def _ring_kept(step_in, result, step_params):
@@ -178,7 +177,8 @@ def _ring_kept(step_in, result, step_params):
             f"returned ring {ring.dtype} {list(ring.shape)}, expected the canonical layout float32 "
             f"{list(given.shape)} (S slots of (score, latent), position p in slot p mod S; docs/schedules.md)"
         )
-    read = cp.live_slots(next_start(step_params), _ratio(step_params), ring.shape[1])
+    read = cp.live_slots(next_start(step_params["schedule"], int(step_params["step"])), _ratio(step_params),
+                         ring.shape[1])
     return {"rows": result["rows"], "row_positions": result["row_positions"],
             "ring_kept": ring.detach().cpu()[:, read].contiguous()}
 
@@ -190,7 +190,7 @@ def _explain(name: str, params) -> str:
         return ""
     schedule = [(int(a), int(b)) for a, b in params["schedule"]]
     start, end = schedule[step]
-    restart = next_start({"schedule": schedule, "step": step, "end": end})
+    restart = next_start(schedule, step)
     read = list(cp.pending_positions(restart, 2))
     if restart == end:
         return f"it holds the ring slots of position(s) {read}: the open group at the step's end {end}"
