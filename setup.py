@@ -1,6 +1,6 @@
 """Puts the small tier into the package: a wheel (and an install from the sdist) carries
 `conformance.yaml`, `goldens/` (with MANIFEST.json, and the production tier's pinned manifest) and
-`cases/` under `harness/_store/`, where `harness.store` finds them. Everything else is in pyproject.toml.
+`cases/` under `harness/_store/`, where `v41_conformance.store` finds them. Everything else is in pyproject.toml.
 
 The production tier's goldens (`goldens/production/<component>/`, built locally) never go in: the
 package holds their pinned hashes, and `conformance generate --tier production` builds them into the
@@ -12,11 +12,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
-STORE = Path("harness") / "_store"
+PACKAGE = "v41_conformance"  # the import name; its source folder is SOURCE
+SOURCE = "harness"
+STORE = Path(PACKAGE) / "_store"
 
 
 def store_files() -> list[tuple[Path, Path]]:
@@ -45,4 +47,8 @@ class BuildPyWithStore(build_py):
             shutil.copyfile(source, destination)
 
 
-setup(cmdclass={"build_py": BuildPyWithStore})
+setup(
+    packages=[PACKAGE] + [f"{PACKAGE}.{sub}" for sub in find_packages(SOURCE)],
+    package_dir={PACKAGE: SOURCE},
+    cmdclass={"build_py": BuildPyWithStore},
+)

@@ -25,14 +25,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "impls")]
 
-from harness import regenerated  # noqa: E402
-from harness.boundary import FORMATS  # noqa: E402
-from harness.config import load_config  # noqa: E402
-from harness.golden import load_verified, read_manifest  # noqa: E402
-from harness.ids import matches, parse_select  # noqa: E402
-from harness.registry import get  # noqa: E402
-from harness.runner import CaseResult, _execute, _judge  # noqa: E402
-from harness.ulps import rope_magnitude, ulp_of  # noqa: E402
+from v41_conformance import regenerated  # noqa: E402
+from v41_conformance.boundary import FORMATS  # noqa: E402
+from v41_conformance.config import load_config  # noqa: E402
+from v41_conformance.golden import load_verified, read_manifest  # noqa: E402
+from v41_conformance.ids import matches, parse_select  # noqa: E402
+from v41_conformance.registry import get  # noqa: E402
+from v41_conformance.runner import CaseResult, _execute, _judge  # noqa: E402
+from v41_conformance.ulps import rope_magnitude, ulp_of  # noqa: E402
 
 
 def implementations() -> dict:

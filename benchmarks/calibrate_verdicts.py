@@ -25,11 +25,11 @@ from gate_float64 import Float64  # noqa: E402
 from gate_upstream import UpstreamTorch  # noqa: E402
 from wrong_attention import PlainSoftmax  # noqa: E402
 
-from harness.cases import load_cases, seed_for  # noqa: E402
-from harness.config import load_config  # noqa: E402
-from harness.generate import build_golden  # noqa: E402
-from harness.registry import get  # noqa: E402
-from harness.runner import CaseResult, judge_golden  # noqa: E402
+from v41_conformance.cases import load_cases, seed_for  # noqa: E402
+from v41_conformance.config import load_config  # noqa: E402
+from v41_conformance.generate import build_golden  # noqa: E402
+from v41_conformance.registry import get  # noqa: E402
+from v41_conformance.runner import CaseResult, judge_golden  # noqa: E402
 
 GATES = {"upstream": UpstreamTorch, "float64": Float64, "plain-softmax": PlainSoftmax}
 ONLY = {"plain-softmax": ("attention",)}  # the plain softmax is the reference elsewhere

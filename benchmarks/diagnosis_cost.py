@@ -19,10 +19,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "impls")]
 
-from harness.config import DIAGNOSIS_BUDGET, load_config  # noqa: E402
-from harness.golden import read_manifest  # noqa: E402
-from harness.ids import matches, parse_select  # noqa: E402
-from harness.runner import run_case  # noqa: E402
+from v41_conformance.config import DIAGNOSIS_BUDGET, load_config  # noqa: E402
+from v41_conformance.golden import read_manifest  # noqa: E402
+from v41_conformance.ids import matches, parse_select  # noqa: E402
+from v41_conformance.runner import run_case  # noqa: E402
 
 
 def mix() -> list[tuple[str, object, str]]:

@@ -32,7 +32,7 @@ SELECTS = ["quant.e2m1/*", "quant.*", "sparse_attn/*", "linear.fp8/*", "compress
 def wall(args: list[str]) -> float:
     with tempfile.TemporaryDirectory() as report:
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "harness", "run", "--impl", "reference", "--report-dir", report,
+        proc = subprocess.run([sys.executable, "-m", "v41_conformance", "run", "--impl", "reference", "--report-dir", report,
                                *args], cwd=ROOT, capture_output=True, text=True)
         elapsed = time.perf_counter() - start
     if proc.returncode != 0:
@@ -54,9 +54,9 @@ def select_args(pattern: str) -> list[str]:
 
 def restart_after_crash(repeats: int = 5) -> tuple[float, float, float]:
     """(case in a warm child, the same case right after a crash, the difference) in seconds."""
-    from harness.config import load_config
-    from harness.execution import CaseExecutor
-    from harness.rundir import RunDir
+    from v41_conformance.config import load_config
+    from v41_conformance.execution import CaseExecutor
+    from v41_conformance.rundir import RunDir
 
     config = load_config(ROOT / "conformance.yaml")
     with tempfile.TemporaryDirectory() as folder, RunDir(Path(folder)) as run_dir:

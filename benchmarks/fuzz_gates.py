@@ -26,12 +26,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "impls")]
 from gate_float64 import Float64  # noqa: E402
 from gate_upstream import UpstreamTorch  # noqa: E402
 
-from harness.config import load_config  # noqa: E402
-from harness.differences import DIFFERENCES  # noqa: E402
-from harness.fuzz_sample import draw, selected_spaces  # noqa: E402
-from harness.generate import build_golden  # noqa: E402
-from harness.registry import get  # noqa: E402
-from harness.runner import CaseResult, judge_golden  # noqa: E402
+from v41_conformance.config import load_config  # noqa: E402
+from v41_conformance.differences import DIFFERENCES  # noqa: E402
+from v41_conformance.fuzz_sample import draw, selected_spaces  # noqa: E402
+from v41_conformance.generate import build_golden  # noqa: E402
+from v41_conformance.registry import get  # noqa: E402
+from v41_conformance.runner import CaseResult, judge_golden  # noqa: E402
 
 GATES = {"upstream": f"{ROOT}/tests/impls/gate_upstream.py:UpstreamTorch", "float64": f"{ROOT}/tests/impls/gate_float64.py:Float64"}
 MAKERS = {"upstream": UpstreamTorch, "float64": Float64}

@@ -16,9 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.config import load_config  # noqa: E402
-from harness.fuzz import FuzzOptions, fuzz  # noqa: E402
-from harness.registry import components  # noqa: E402
+from v41_conformance.config import load_config  # noqa: E402
+from v41_conformance.fuzz import FuzzOptions, fuzz  # noqa: E402
+from v41_conformance.registry import components  # noqa: E402
 
 
 def main() -> None:

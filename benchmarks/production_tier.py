@@ -23,10 +23,10 @@ AIM_S, AIM_GB = 120.0, 8.0
 
 
 def measure(args: list[str]) -> tuple[float, float, int]:
-    """(wall seconds, peak RSS in GB, exit code) of `python -m harness ARGS`."""
+    """(wall seconds, peak RSS in GB, exit code) of `python -m v41_conformance ARGS`."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "v41_conformance", *args], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -37,7 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--select", default="")
     args = parser.parse_args()
-    listed = subprocess.run([sys.executable, "-m", "harness", "list", "--tier", "production",
+    listed = subprocess.run([sys.executable, "-m", "v41_conformance", "list", "--tier", "production",
                              *(["--select", args.select] if args.select else [])],
                             cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     cases = listed.stdout.split()

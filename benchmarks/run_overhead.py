@@ -3,7 +3,7 @@
 Measures, in one process and one run, for every golden of the tier:
   load:    reading the case: safetensors.torch.load_file(path), and the bytes of the inputs it
            regenerates from its seed as they sit in the local cache (the floor: the case's data);
-  runner:  harness.runner.run_case with the reference implementation, minus the time spent
+  runner:  v41_conformance.runner.run_case with the reference implementation, minus the time spent
            inside the implementation's run() calls (measured around each call): manifest and cache
            hash checks, decode, schema checks, input copies, the step drivers, the chain (the
            reference returns every intermediate: each is checked against the golden's digests,
@@ -25,13 +25,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from harness import cache
-from harness.adapters.reference import ReferenceAdapter
-from harness.config import load_config
-from harness.golden import golden_path, read_manifest
-from harness.ids import matches, parse_select
-from harness.regenerated import CACHE_KIND
-from harness.runner import run_case
+from v41_conformance import cache
+from v41_conformance.adapters.reference import ReferenceAdapter
+from v41_conformance.config import load_config
+from v41_conformance.golden import golden_path, read_manifest
+from v41_conformance.ids import matches, parse_select
+from v41_conformance.regenerated import CACHE_KIND
+from v41_conformance.runner import run_case
 
 
 class TimedReference(ReferenceAdapter):

@@ -6,7 +6,7 @@ __all__ = ["Declined", "Unsupported", "__version__"]
 
 
 def __getattr__(name: str):
-    # Imported on first use, so `import harness` (the CLI) does not import torch before it must.
+    # Imported on first use, so `import v41_conformance` (the CLI) does not import torch before it must.
     if name == "Unsupported":  # raised by implementations for one case they decline
         from .adapters.base import Unsupported
 
@@ -15,4 +15,4 @@ def __getattr__(name: str):
         from .adapters.base import Declined
 
         return Declined
-    raise AttributeError(f"module 'harness' has no attribute {name!r}")
+    raise AttributeError(f"module 'v41_conformance' has no attribute {name!r}")

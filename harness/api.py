@@ -1,6 +1,6 @@
 """The Python API for a team's own tests: the cases by pattern, their inputs, and a verdict.
 
-    from harness import api
+    from v41_conformance import api
 
     for case in api.cases("quant.fp4_*"):
         out = my_kernel(case.inputs()["x"])                          # your own call

@@ -1,6 +1,6 @@
 """A local cache of bytes that are expensive to rebuild, keyed and checked by SHA-256.
 
-Holds the production-size inputs a golden records by hash (`harness.regenerated`) and the
+Holds the production-size inputs a golden records by hash (`v41_conformance.regenerated`) and the
 production tier's goldens (`conformance generate --tier production`). Every read is verified
 against its key, so a damaged or stale entry is rebuilt, never used. The cache lives in the
 user's cache directory, never in a checkout:

@@ -1,4 +1,4 @@
-"""The `conformance` command (also `python -m harness`).
+"""The `conformance` command (also `python -m v41_conformance`).
 
 Exit codes: 0 everything passed; 1 a case failed, drifted or a floor was missed; 2 a usage or
 configuration error (bad flag, malformed conformance.yaml, unknown --impl, a report dir in use);

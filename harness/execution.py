@@ -2,7 +2,7 @@
 
 `CaseExecutor` holds what every case of a run shares: the configuration, the manifest and the
 implementation. With `isolate` on (the default for `conformance run`), the implementation lives
-in child processes (see `harness.isolation`; `workers` of them at once, `harness.pool`): a crash
+in child processes (see `v41_conformance.isolation`; `workers` of them at once, `v41_conformance.pool`): a crash
 or a hang becomes the `crash` or `timeout` status of that case and a fresh child takes the next one.
 """
 
@@ -82,8 +82,8 @@ class CaseExecutor:
     device: str = "cpu"
     timeout: float = 120.0
     isolate: bool = False
-    run_dir: str | None = None  # the run's private folder (harness.rundir): output capture, children
-    workers: int = 1  # isolation children run in parallel by this process (harness.pool)
+    run_dir: str | None = None  # the run's private folder (v41_conformance.rundir): output capture, children
+    workers: int = 1  # isolation children run in parallel by this process (v41_conformance.pool)
     order: tuple[str, ...] = ()  # a pool run: every case, in the order they should start
     _impl: Any = None
     _pool: Any = None

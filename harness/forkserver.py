@@ -18,7 +18,7 @@ import multiprocessing as mp
 import os
 import threading
 
-PRELOAD = ["harness._forkserver_guard", "torch", "harness.isolation", "harness.components"]
+PRELOAD = ["v41_conformance._forkserver_guard", "torch", "v41_conformance.isolation", "v41_conformance.components"]
 _LOCK = threading.Lock()
 
 

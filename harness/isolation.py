@@ -12,13 +12,13 @@ of the outputs after it has its own, generous bound (`judging_limit`), a harness
 - A sticky CUDA error (the device is unusable after it): the case keeps its status and the child
   is replaced before the next case, so the error is charged to the case that caused it.
 Children are forked from a fork server that has already imported torch and the harness
-(`harness.forkserver`; never plain `fork` of the worker: CUDA and threads do not survive it), so a
+(`v41_conformance.forkserver`; never plain `fork` of the worker: CUDA and threads do not survive it), so a
 fresh child after a crash costs milliseconds, not an interpreter start. Each takes the parent's
 current environment and working directory, and is put in its own session, so a kill reaches
 whatever it started; each is registered with
-the run (`harness.rundir`), which kills every child's process group when the run ends, and dies
+the run (`v41_conformance.rundir`), which kills every child's process group when the run ends, and dies
 with its parent (Linux `PR_SET_PDEATHSIG`). Everything the implementation prints during a case
-goes to that case's capture file (`harness.capture`), read back even after a crash or a timeout.
+goes to that case's capture file (`v41_conformance.capture`), read back even after a crash or a timeout.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 `conformance run -n N` (with isolation, the default) does not start N pytest-xdist workers that
 would each import torch and then start a child that imports it again. The run's own process
 keeps N isolation children busy (each forked from the preloaded fork server,
-`harness.forkserver`), one driver thread per child taking the next case from a shared queue in
-the run's order (the heaviest cases first, `harness.workers`). pytest still runs one item per
+`v41_conformance.forkserver`), one driver thread per child taking the next case from a shared queue in
+the run's order (the heaviest cases first, `v41_conformance.workers`). pytest still runs one item per
 case in that order; an item waits for its case's result. Crashes, hangs and sticky CUDA errors
-are handled per child exactly as in a serial run (`harness.isolation.IsolatedWorker`).
+are handled per child exactly as in a serial run (`v41_conformance.isolation.IsolatedWorker`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The pytest side of `conformance run`: one pytest item per case, ids equal to case ids.
 
 The CLI writes a run file (JSON: config path, impl spec, device, timeout, case ids) and runs
-pytest on it with this plugin (`-p harness.pytest_plugin`), so `-n`/xdist works unchanged: each
+pytest on it with this plugin (`-p v41_conformance.pytest_plugin`), so `-n`/xdist works unchanged: each
 worker rebuilds the implementation from the spec, runs its share of the cases, and attaches each
 case's result to its test report as a user property; the controller's `ResultCollector` gathers
 them. Users never need to run pytest on this directly.

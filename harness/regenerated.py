@@ -4,9 +4,9 @@ A case may list inputs under `build.regenerate` (production-size weights, say). 
 stores their SHA-256, dtype and shape in the metadata (`regenerated_inputs`) instead of the
 tensor; the runner rebuilds them from the case's seed with the component's own input builder and
 checks the hash before anything runs. The builders draw random numbers portably (see
-`harness.reference.numerics.randn`), so the rebuilt tensors are bit-identical on every machine;
+`v41_conformance.reference.numerics.randn`), so the rebuilt tensors are bit-identical on every machine;
 a hash mismatch is reported as a golden error, never silently used. Rebuilt tensors are kept in
-the local cache (`harness.cache`, verified by hash on every read), so a case pays for the rebuild
+the local cache (`v41_conformance.cache`, verified by hash on every read), so a case pays for the rebuild
 once per machine, not once per run.
 """
 

@@ -9,7 +9,7 @@ Everything a run writes while it runs lives in `DIR/.run/<token>/`, private to i
 - `children/<pid>`: one empty file per isolation child started (each leads its own process
   group); `kill_children()` kills those groups when the run ends, however it ends, so nothing an
   implementation started outlives the run,
-- `output/<n>.log`: what the implementation printed during each case (`harness.capture`),
+- `output/<n>.log`: what the implementation printed during each case (`v41_conformance.capture`),
   gathered into `DIR/output.log` at the end.
 
 The folder is removed when the run ends; the reports are written into DIR while the lock is held.

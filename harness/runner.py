@@ -3,7 +3,7 @@
 `run_case` never raises for anything an implementation or a golden does wrong: each problem
 becomes the status of that case (`error`, `fail`, `unsupported`), with a message that names the
 case, the output and what to do. Isolation from crashes and hangs is the worker pool's job
-(`harness.isolation`); this module is what runs inside a worker.
+(`v41_conformance.isolation`); this module is what runs inside a worker.
 """
 
 from __future__ import annotations

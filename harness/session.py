@@ -189,7 +189,7 @@ def run_document(config: Config, options: RunOptions, spec, ids: list[str], toke
 def run(config: Config, options: RunOptions) -> dict:
     """Run the selected cases, write every report into `options.report_dir`, return results.json.
 
-    The report dir is locked for the whole run (`harness.rundir`); SIGINT and SIGTERM stop the
+    The report dir is locked for the whole run (`v41_conformance.rundir`); SIGINT and SIGTERM stop the
     run the way Ctrl-C stops pytest: the cases that finished keep their verdicts, the rest are
     `not_run`, the reports are written, and every isolation child's process group is killed.
     """
@@ -227,7 +227,7 @@ def run(config: Config, options: RunOptions) -> dict:
                                                     max(1, count) if pool else 1, pool)))
         (run_dir.path / "pytest.ini").write_text("[pytest]\n")
         collector = ResultCollector()
-        args = ["-c", str(run_dir.path / "pytest.ini"), "--rootdir", str(run_dir.path), "-p", "harness.pytest_plugin",
+        args = ["-c", str(run_dir.path / "pytest.ini"), "--rootdir", str(run_dir.path), "-p", "v41_conformance.pytest_plugin",
                 "-p", "no:cacheprovider", "--assert=plain", "-q", "--no-header", "-rN", "--tb=no", str(run_file)]
         if not pool and count > 1:
             args += ["-n", str(count)]

@@ -5,7 +5,7 @@ A wheel or sdist install carries the small tier in the package (`harness/_store/
 reads the same files from the checkout. Either is the *default store*: `conformance run` in a
 folder without a `conformance.yaml` judges it, and a team's `conformance.yaml` is layered on top of
 its `conformance.yaml` (harness/config.py). The production tier's goldens are built on the user's
-machine: beside the small tier in a checkout, in the user cache (`harness.cache`) for a package,
+machine: beside the small tier in a checkout, in the user cache (`v41_conformance.cache`) for a package,
 whose files are not the user's to write.
 
 Every results.json records the store's identity (`identity`): the package and its version, where the

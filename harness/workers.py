@@ -6,7 +6,7 @@ the inputs it rebuilds from its seed, `regenerated_inputs`), at `BYTES_PER_SECON
 
 - Order: heaviest first (longest-processing-time first), so that big cases do not meet at the
   tail of a parallel run; ties by id.
-- `-n auto` with isolation (children in this process, `harness.pool`): a child costs a fork and
+- `-n auto` with isolation (children in this process, `v41_conformance.pool`): a child costs a fork and
   loading the implementation, so each one must have at least `POOL_WORK_S` of estimated work:
   `min(cores, cases, work / POOL_WORK_S)`, at least 1 (a serial run).
 - `-n auto --no-isolate` (pytest-xdist workers, each a new interpreter that imports torch):

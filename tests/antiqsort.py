@@ -10,13 +10,13 @@ values back through the same algorithm replays the same comparisons, so the part
 off as little as possible each time and the depth limits of `__introselect` and
 `__introsort_loop` run out, which sends both into their heap fallbacks.
 
-The adversary plays against `harness.reference.topk.order_from_keys` directly: keys are
+The adversary plays against `v41_conformance.reference.topk.order_from_keys` directly: keys are
 objects whose ``__lt__`` asks the adversary (the emulation only ever uses ``<`` on keys).
 """
 
 from __future__ import annotations
 
-from harness.reference.topk import TopkStats, order_from_keys
+from v41_conformance.reference.topk import TopkStats, order_from_keys
 
 
 class _Adversary:

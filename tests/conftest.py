@@ -22,14 +22,14 @@ def run_cli(*args: str, cwd: Path = ROOT, timeout: float = 300, fresh: bool = Fa
     if not fresh:
         return _run_in_process(args, cwd)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "v41_conformance", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
 def _run_in_process(args: tuple[str, ...], cwd: Path) -> subprocess.CompletedProcess:
     from click.testing import CliRunner
 
-    from harness.cli import main
+    from v41_conformance.cli import main
 
     before = os.getcwd()
     os.chdir(cwd)

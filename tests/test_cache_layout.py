@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.reference.cache_layout import (
+from v41_conformance.reference.cache_layout import (
     cache_bytes,
     fp4_index_row_bytes,
     fp4_main_row_bytes,
@@ -12,7 +12,7 @@ from harness.reference.cache_layout import (
     rows_per_block,
     state_bytes,
 )
-from harness.reference.compressor import ring_capacity
+from v41_conformance.reference.compressor import ring_capacity
 
 
 def test_production_rows_pinned():

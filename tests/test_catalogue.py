@@ -13,11 +13,11 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import ROOT, make_project, results, run_cli, statuses
-from harness.adapters.subprocess_adapter import param_tensors
-from harness.catalogue import catalogue, render_markdown
-from harness.config import load_config
-from harness.golden import load_verified, read_manifest
-from harness.registry import components
+from v41_conformance.adapters.subprocess_adapter import param_tensors
+from v41_conformance.catalogue import catalogue, render_markdown
+from v41_conformance.config import load_config
+from v41_conformance.golden import load_verified, read_manifest
+from v41_conformance.registry import components
 
 CONFIG = load_config(ROOT / "conformance.yaml")
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32", torch.float64: "f64",
@@ -128,7 +128,7 @@ def _config_with(tmp_path, entries: str):
 
 
 def test_supports_patterns_limit_python_and_subprocess_implementations(tmp_path, c_binary):
-    config = _config_with(tmp_path, "  only-quant:\n    python: harness.adapters.reference:ReferenceAdapter\n"
+    config = _config_with(tmp_path, "  only-quant:\n    python: v41_conformance.adapters.reference:ReferenceAdapter\n"
                                     "    supports: [quant.*]\n"
                                     f"  c-some:\n    command: [{c_binary}]\n    supports: [quant.e2m1]\n")
     flags = ["--config", str(config), "--goldens", str(ROOT / "goldens"), "--cases", str(ROOT / "cases"), "--no-isolate"]
@@ -221,8 +221,8 @@ def test_every_optional_param_states_its_default_and_reaches_the_implementation_
         for p in c["params"]:
             if not p["required"] and p["set_by"] == "case":
                 assert p["default_doc"], f"{name}: optional param {p['name']} states no default"
-    from harness.adapters.reference import ReferenceAdapter
-    from harness.runner import run_case
+    from v41_conformance.adapters.reference import ReferenceAdapter
+    from v41_conformance.runner import run_case
 
     class Recording(ReferenceAdapter):
         seen: list[dict] = []
@@ -251,7 +251,7 @@ def test_every_optional_param_states_its_default_and_reaches_the_implementation_
                 checked.add(p.name)
     assert {"eps", "largest", "candidate_leak", "decode_from", "request_offset"} <= checked, checked
     # a case that leaves out a param set to its default judges the same (compressor ratio, topk's bools)
-    from harness.runner import CaseResult, judge_golden
+    from v41_conformance.runner import CaseResult, judge_golden
 
     for component_name, name in (("compressor", "ratio"), ("topk.torch_cpu", "sorted"),
                                  ("indexer.select", "offset")):

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from conftest import ROOT
-from harness.adapters.reference import ReferenceAdapter
-from harness.chain.digest import differing_rows, digests
-from harness.chain.stages import Lazy, differing, judge_rows
-from harness.compare import OutputVerdict
-from harness.config import load_config
-from harness.golden import read_manifest
-from harness.runner import run_case
+from v41_conformance.adapters.reference import ReferenceAdapter
+from v41_conformance.chain.digest import differing_rows, digests
+from v41_conformance.chain.stages import Lazy, differing, judge_rows
+from v41_conformance.compare import OutputVerdict
+from v41_conformance.config import load_config
+from v41_conformance.golden import read_manifest
+from v41_conformance.runner import run_case
 from impls import attention_cores, gemm_orders, wrong_kernels
 from impls.gate import bare
 from impls.gate_float64 import Float64

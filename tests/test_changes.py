@@ -11,13 +11,13 @@ import yaml
 from click.testing import CliRunner
 
 from conftest import ROOT, make_project, results, statuses
-from harness.cli import main
-from harness.config import load_config
-from harness.report import render_summary
-from harness.report.headroom import worst_per_output
-from harness.report.pictures import step_cells
-from harness.session import RunOptions
-from harness.session import run as run_session
+from v41_conformance.cli import main
+from v41_conformance.config import load_config
+from v41_conformance.report import render_summary
+from v41_conformance.report.headroom import worst_per_output
+from v41_conformance.report.pictures import step_cells
+from v41_conformance.session import RunOptions
+from v41_conformance.session import run as run_session
 
 WRONG_SINK = f"{ROOT}/tests/impls/wrong_attention.py:SinkScaled"
 FLOAT64 = f"{ROOT}/tests/impls/gate_float64.py:Float64"
@@ -287,8 +287,8 @@ def test_zero_counts_are_dots_in_html_and_markdown(runs):
 def test_bound_used_is_the_fraction_of_the_element_bound_and_the_histogram_counts_every_element():
     import torch
 
-    from harness.compare import compare_output
-    from harness.policy import Policy
+    from v41_conformance.compare import compare_output
+    from v41_conformance.policy import Policy
 
     expected = torch.tensor([1.0, 2.0, 4.0, 0.0], dtype=torch.float32)
     policy = Policy(kind="f32", ulps=4.0, rel_l2=1.0)

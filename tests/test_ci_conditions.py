@@ -27,7 +27,7 @@ CI = f"{IMPLS}/ci_conditions.py"
 
 def start_run(*args: str, env: dict | None = None) -> subprocess.Popen:
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "harness", "run", *args], cwd=ROOT, env=full_env,
+    return subprocess.Popen([sys.executable, "-m", "v41_conformance", "run", *args], cwd=ROOT, env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -205,7 +205,7 @@ CHATTY = '''
 import sys
 import torch
 from safetensors.torch import load_file, save_file
-from harness.adapters.reference import ReferenceAdapter
+from v41_conformance.adapters.reference import ReferenceAdapter
 
 if sys.argv[1] == "components":
     print("quant.e2m1")
@@ -258,7 +258,7 @@ def test_the_terminal_names_every_failing_output_and_the_implementations_own_fra
 def test_an_unexpected_pass_says_which_expectation_it_contradicts(tmp_path):
     project = make_project(tmp_path, ["quant.e2m1"])
     config = project / "conformance.yaml"
-    config.write_text(config.read_text() + "  hopeful:\n    python: harness.adapters.reference:ReferenceAdapter\n"
+    config.write_text(config.read_text() + "  hopeful:\n    python: v41_conformance.adapters.reference:ReferenceAdapter\n"
                       "    expectations:\n      - {pattern: 'quant.e2m1/midpoints', status: fail, reason: 'ties, issue 9'}\n")
     report = tmp_path / "rep"
     proc = run_cli("run", "--impl", "hopeful", "--config", str(config), "--report-dir", str(report), "--no-isolate")
@@ -340,8 +340,8 @@ def test_generate_into_a_read_only_store_names_the_path(tmp_path, monkeypatch):
     else:  # root writes anywhere: make the write fail as a read-only store would
         from click.testing import CliRunner
 
-        from harness import golden
-        from harness.cli import main
+        from v41_conformance import golden
+        from v41_conformance.cli import main
 
         def read_only(*_args, **_kwargs):
             raise PermissionError(13, "Permission denied")

@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 import yaml
 
 from conftest import ROOT, make_project, results, run_cli, statuses
-from harness.ids import matches, parse_select
+from v41_conformance.ids import matches, parse_select
 
 NUMERIC = ["quant.e2m1", "quant.fp4_e4m3", "quant.fp4_e8m0", "quant.fp8_ue8m0", "linear.f32", "norm.rms",
            "rope.apply", "rope.yarn_table"]

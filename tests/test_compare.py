@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import torch
 
-from harness.compare import compare_output, ulp_of
-from harness.policy import Policy
+from v41_conformance.compare import compare_output, ulp_of
+from v41_conformance.policy import Policy
 
 BF16 = Policy("bf16", ulps=1, rel_l2=2 ** -9)
 
@@ -142,8 +142,8 @@ def test_empty_index_rows_compare_equal_and_count_their_rows():
     """A ratio-2 layer after a one-position prefill selects nothing: ids [b, S, 0]."""
     import torch
 
-    from harness.compare import compare_output
-    from harness.policy import Policy
+    from v41_conformance.compare import compare_output
+    from v41_conformance.policy import Policy
 
     empty = torch.zeros(2, 3, 0, dtype=torch.int32)
     verdict = compare_output("ids", empty, empty.clone(), Policy(kind="index", scores="aux.s", order="set"),
@@ -209,7 +209,7 @@ def test_rel_l2_of_an_argument_allowance_judges_only_the_unexplained_error():
 def test_a_quantised_signed_zero_is_not_a_boundary_flip_nor_a_mismatch():
     """kv.finish-like: a value that rounds to -0 far from any boundary comes back +0 (a port whose
     dequantisation table has +0 at the code of -0): one signed zero, as in every other kind."""
-    from harness.reference.numerics import fp4_qdq_e8m0
+    from v41_conformance.reference.numerics import fp4_qdq_e8m0
 
     x = torch.linspace(-6, 6, 32).to(torch.bfloat16)
     x[5] = -0.1  # rounds to -0 under scale 1, 0.15 from the boundary 0.25
@@ -244,7 +244,7 @@ def test_failure_messages_give_each_allowance_in_its_unit_and_say_what_is_not_fi
 
 
 def test_an_exact_failure_names_the_position_it_differs_at_where_the_output_labels_it():
-    from harness.registry import components, get
+    from v41_conformance.registry import components, get
 
     components()
     spec = get("attention").output_spec("s00.published")

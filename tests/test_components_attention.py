@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from conftest import ROOT, results, run_cli
-from harness.adapters.reference import ReferenceAdapter
-from harness.compare import compare_output
-from harness.config import load_config
-from harness.golden import load_verified, read_manifest
-from harness.reference.topology import validate_topology
-from harness.registry import get
-from harness.runner import run_case
+from v41_conformance.adapters.reference import ReferenceAdapter
+from v41_conformance.compare import compare_output
+from v41_conformance.config import load_config
+from v41_conformance.golden import load_verified, read_manifest
+from v41_conformance.reference.topology import validate_topology
+from v41_conformance.registry import get
+from v41_conformance.runner import run_case
 from impls.wrong_attention import OtherIndexKPolicy
 
 CONFIG = load_config(ROOT / "conformance.yaml")

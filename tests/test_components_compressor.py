@@ -7,16 +7,16 @@ import pytest
 import torch
 
 from conftest import ROOT, results, run_cli
-from harness.cases import load_cases
-from harness.components.compressor import schedules_from
-from harness.config import load_config
-from harness.errors import CaseSpecError
-from harness.golden import load_verified, read_manifest
-from harness.ids import CASE_RE
-from harness.reference import compressor as cp
-from harness.registry import get
-from harness.runner import StepError
-from harness.schedules import compositions, from_lengths
+from v41_conformance.cases import load_cases
+from v41_conformance.components.compressor import schedules_from
+from v41_conformance.config import load_config
+from v41_conformance.errors import CaseSpecError
+from v41_conformance.golden import load_verified, read_manifest
+from v41_conformance.ids import CASE_RE
+from v41_conformance.reference import compressor as cp
+from v41_conformance.registry import get
+from v41_conformance.runner import StepError
+from v41_conformance.schedules import compositions, from_lengths
 
 FAMILY = "compressor*,kv.finish*,cache.bytes*"
 WRONG = f"{ROOT}/tests/impls/wrong_compressor.py"

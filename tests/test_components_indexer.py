@@ -15,9 +15,9 @@ import yaml
 from safetensors.torch import load_file
 
 from conftest import ROOT, make_project, results, run_cli
-from harness.index_verdict import classify_index_rows
-from harness.reference.topk import uses_partial_sort
-from harness.registry import get
+from v41_conformance.index_verdict import classify_index_rows
+from v41_conformance.reference.topk import uses_partial_sort
+from v41_conformance.registry import get
 
 WRONG = f"{ROOT}/tests/impls/wrong_indexer.py"
 OURS = ["indexer.weights", "indexer.scores", "indexer.select", "indexer", "candidates.select",

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conftest import ROOT, make_project, results, run_cli
-from harness.config import load_config
-from harness.golden import load_verified, read_manifest
-from harness.runner import run_case
+from v41_conformance.config import load_config
+from v41_conformance.golden import load_verified, read_manifest
+from v41_conformance.runner import run_case
 from impls.wrong_topk import DropsLarger, LowestIndexTopk, lowest_index_topk
 
 CONFIG = load_config(ROOT / "conformance.yaml")

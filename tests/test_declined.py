@@ -1,4 +1,4 @@
-"""Declining one output (harness.Declined, or the program's `declined` metadata): the case is judged
+"""Declining one output (v41_conformance.Declined, or the program's `declined` metadata): the case is judged
 on the rest and reported `partial`, never as a pass of the declined output."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import textwrap
 
 from conftest import ROOT, make_project, results, run_cli
 
-from harness import Declined
-from harness.adapters.reference import ReferenceAdapter
+from v41_conformance import Declined
+from v41_conformance.adapters.reference import ReferenceAdapter
 
 
 def declining(component: str, output: str, reason: str) -> type:
@@ -47,7 +47,7 @@ PROGRAM = textwrap.dedent('''
     import json, sys
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
-    from harness.adapters.reference import ReferenceAdapter
+    from v41_conformance.adapters.reference import ReferenceAdapter
 
     def run(component, inp, out):
         tensors = load_file(inp)

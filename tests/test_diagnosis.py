@@ -11,13 +11,13 @@ from dataclasses import replace
 import pytest
 
 from conftest import ROOT
-from harness.adapters.reference import ReferenceAdapter
-from harness.config import load_config
-from harness.diagnosis import VARIANTS
-from harness.diagnosis.variants import variant
-from harness.golden import read_manifest
-from harness.ids import matches, parse_select
-from harness.runner import run_case
+from v41_conformance.adapters.reference import ReferenceAdapter
+from v41_conformance.config import load_config
+from v41_conformance.diagnosis import VARIANTS
+from v41_conformance.diagnosis.variants import variant
+from v41_conformance.golden import read_manifest
+from v41_conformance.ids import matches, parse_select
+from v41_conformance.runner import run_case
 from impls import wrong, wrong_attention, wrong_compressor, wrong_fp8, wrong_indexer, wrong_kernels
 from impls.gate_upstream import UpstreamTorch
 from impls.rope_tables import SwappedRamp

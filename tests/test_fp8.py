@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from conftest import ROOT, results, run_cli
-from harness.reference import fp8_linear as fp8
-from harness.reference import numerics as nx
+from v41_conformance.reference import fp8_linear as fp8
+from v41_conformance.reference import numerics as nx
 
 IMPLS = ROOT / "tests" / "impls"
 

@@ -108,7 +108,7 @@ def test_goldens_do_not_depend_on_the_cpu_instruction_set(monkeypatch):
     # same kernels as the components, and all seven would double the test's time); the native ISA
     # checks all seven in test_generate_check_matches_frozen_goldens.
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # read when torch loads: a process of its own
-    from harness.golden import read_manifest
+    from v41_conformance.golden import read_manifest
 
     others = [c for c in read_manifest(ROOT / "goldens") if not c.startswith("attention/")]
     select = sorted({c.split("/")[0] + "/*" for c in others}) + ["attention/a-p21-d1x11-upstream",
@@ -119,11 +119,11 @@ def test_goldens_do_not_depend_on_the_cpu_instruction_set(monkeypatch):
 
 
 def test_regenerated_inputs_are_rebuilt_from_the_seed_and_checked():
-    from harness.config import load_config
-    from harness.errors import GoldenError
-    from harness.golden import load_verified, read_manifest
-    from harness.regenerated import restore
-    from harness.registry import get
+    from v41_conformance.config import load_config
+    from v41_conformance.errors import GoldenError
+    from v41_conformance.golden import load_verified, read_manifest
+    from v41_conformance.regenerated import restore
+    from v41_conformance.registry import get
 
     config = load_config(ROOT / "conformance.yaml")
     manifest = read_manifest(config.goldens)

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from harness.index_verdict import VIOLATION_KINDS, classify_index_rows
-from harness.reference.topk import torch_cpu_topk
+from v41_conformance.index_verdict import VIOLATION_KINDS, classify_index_rows
+from v41_conformance.reference.topk import torch_cpu_topk
 
 NAN, INF = math.nan, math.inf
 

@@ -91,7 +91,7 @@ def test_a_sticky_cuda_error_is_charged_to_its_case_and_the_worker_is_replaced(t
 def test_device_workers_take_one_gpu_each(monkeypatch):
     import torch
 
-    from harness.adapters.device import pick_device
+    from v41_conformance.adapters.device import pick_device
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")

@@ -7,11 +7,11 @@ import textwrap
 
 import pytest
 
-from harness.adapters.loader import ENTRY_POINT_GROUP, instantiate, resolve
-from harness.config import load_config
-from harness.errors import UsageError
-from harness.expectations import apply_expectations, load_expectations
-from harness.report import render_html, render_junit, render_summary, render_table
+from v41_conformance.adapters.loader import ENTRY_POINT_GROUP, instantiate, resolve
+from v41_conformance.config import load_config
+from v41_conformance.errors import UsageError
+from v41_conformance.expectations import apply_expectations, load_expectations
+from v41_conformance.report import render_html, render_junit, render_summary, render_table
 
 MODULE = textwrap.dedent('''
     class Impl:

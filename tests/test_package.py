@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, results, statuses
-from harness.execution import CaseExecutor
-from harness.golden import read_manifest
+from v41_conformance.execution import CaseExecutor
+from v41_conformance.golden import read_manifest
 
 pytestmark = pytest.mark.xdist_group("package")  # one worker builds the environment (make test: --dist loadgroup)
 
@@ -96,15 +96,15 @@ def installed(tmp_path_factory) -> Installed:
 
 def test_the_sdist_and_the_wheel_carry_the_small_tier_and_only_the_pin_of_the_production_tier(installed):
     names = set(zipfile.ZipFile(installed.wheel).namelist())
-    store = "harness/_store/"
+    store = "v41_conformance/_store/"
     goldens = {n for n in names if n.startswith(store + "goldens/") and n.endswith(".safetensors")}
     assert goldens == {f"{store}goldens/{e['file']}" for e in MANIFEST.values()}
     assert {f"{store}goldens/MANIFEST.json", f"{store}goldens/production/MANIFEST.json",
             f"{store}conformance.yaml"} <= names
     assert {f"{store}cases/{p.relative_to(ROOT / 'cases')}" for p in (ROOT / "cases").rglob("*.yaml")} <= names
-    assert "harness/pytest_cases.py" in names
+    assert "v41_conformance/pytest_cases.py" in names and not [n for n in names if n.startswith("harness/")]
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "harness.pytest_cases" in zipfile.ZipFile(installed.wheel).read(entry_points).decode()
+    assert "v41_conformance.pytest_cases" in zipfile.ZipFile(installed.wheel).read(entry_points).decode()
     with tarfile.open(installed.sdist) as archive:
         members = [m.split("/", 1)[1] for m in archive.getnames() if "/" in m]
     assert {f"goldens/{e['file']}" for e in MANIFEST.values()} <= set(members)
@@ -124,13 +124,13 @@ def test_from_an_empty_folder_the_installed_package_passes_every_case(installed)
     ElementTree.fromstring((empty / "rep" / "junit.xml").read_text())  # well-formed
     assert doc["store"]["origin"] == "package" and doc["store"]["version"] == doc["versions"]["harness"]
     assert doc["store"]["manifest_sha256"] == doc["goldens"]["manifest_sha256"]
-    where = installed.run(installed.python, "-c", "import harness; print(harness.__file__)", cwd=empty).stdout
+    where = installed.run(installed.python, "-c", "import v41_conformance; print(v41_conformance.__file__)", cwd=empty).stdout
     assert str(installed.root) in where and str(ROOT) not in where  # the wheel's harness, not the checkout's
     # the packaged store is not rewritten; its production tier is built into the user cache, pin copied in
     refused = installed.run(installed.conformance, "generate", "--select", "quant.e2m1/*", cwd=empty)
     assert refused.returncode == 2 and "the golden store installed with the package" in refused.stderr
     cache = installed.root / "cache"
-    probe = ("import os, sys; os.environ['CONFORMANCE_CACHE'] = sys.argv[1]; from harness.config import load_config; "
+    probe = ("import os, sys; os.environ['CONFORMANCE_CACHE'] = sys.argv[1]; from v41_conformance.config import load_config; "
              "print(load_config().for_tier('production').goldens)")
     production = Path(installed.run(installed.python, "-c", probe, str(cache), cwd=empty).stdout.strip())
     assert cache in production.parents and production.name == "production"
@@ -154,8 +154,8 @@ def test_a_team_project_runs_its_own_implementation_and_its_own_pytest_suite(ins
 
 
 MIXED = """
-from harness import Unsupported
-from harness.adapters.reference import ReferenceAdapter
+from v41_conformance import Unsupported
+from v41_conformance.adapters.reference import ReferenceAdapter
 
 
 class Mixed(ReferenceAdapter):
@@ -201,13 +201,13 @@ def test_pytest_in_a_throwaway_project_gets_one_test_per_case_and_two_gateways_j
     assert statuses(a) == statuses(b) and {"pass", "xfail", "error", "unsupported"} == set(statuses(a).values())
     assert [c["message"] for c in a["cases"]] == [c["message"] for c in b["cases"]]
     assert {s for c, s in statuses(a).items() if c.startswith("quant.fp4_e8m0/")} == {"xfail"}
-    assert "xfailed" in serial.stdout and a["config"]["layered_on"].endswith("harness/_store/conformance.yaml")
+    assert "xfailed" in serial.stdout and a["config"]["layered_on"].endswith("v41_conformance/_store/conformance.yaml")
 
 
 def test_a_worker_holding_another_store_fails_every_case_loudly(tmp_path):
-    from harness.adapters.loader import resolve
-    from harness.config import load_config
-    from harness.session import RunOptions, run_document
+    from v41_conformance.adapters.loader import resolve
+    from v41_conformance.config import load_config
+    from v41_conformance.session import RunOptions, run_document
 
     config = load_config(ROOT / "conformance.yaml")
     ids = sorted(c for c in MANIFEST if c.startswith("quant.e2m1/"))

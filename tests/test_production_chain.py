@@ -17,11 +17,11 @@ from __future__ import annotations
 import pytest
 
 from conftest import ROOT
-from harness import regenerated
-from harness.config import load_config
-from harness.golden import load_verified, read_manifest
-from harness.registry import get
-from harness.runner import CaseResult, _execute, _judge
+from v41_conformance import regenerated
+from v41_conformance.config import load_config
+from v41_conformance.golden import load_verified, read_manifest
+from v41_conformance.registry import get
+from v41_conformance.runner import CaseResult, _execute, _judge
 from impls import attention_cores, gemm_orders, wrong_kernels
 from impls.gate_float64 import Float64
 from impls.gate_upstream import UpstreamTorch

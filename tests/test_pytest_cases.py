@@ -11,12 +11,12 @@ import sys
 import pytest
 
 from conftest import ROOT, results, statuses
-from harness import api
-from harness.errors import UsageError
+from v41_conformance import api
+from v41_conformance.errors import UsageError
 
 HANGS = """
 import time
-from harness.adapters.reference import ReferenceAdapter
+from v41_conformance.adapters.reference import ReferenceAdapter
 
 
 class HangsOnMidpoints(ReferenceAdapter):
@@ -54,7 +54,7 @@ def test_the_api_judges_outputs_and_says_what_it_cannot_judge():
     assert stepped.stepped and stepped.params["ratio"] == 2
     with pytest.raises(UsageError, match="a stepped case is several calls"):
         api.check_outputs(stepped, {})
-    from harness.adapters.reference import ReferenceAdapter
+    from v41_conformance.adapters.reference import ReferenceAdapter
 
     assert api.check(stepped, ReferenceAdapter()).ok
     assert api.check("norm.rms/latent-4x512", lambda c, i, p: ReferenceAdapter().run(c, i, p)).ok

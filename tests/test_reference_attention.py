@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from harness.reference.attention import (_chunk_window_ids, attention_step, init_weights,
+from v41_conformance.reference.attention import (_chunk_window_ids, attention_step, init_weights,
                                          rope_table, run_model, window_part)
-from harness.reference.compressor import pending_state
-from harness.reference.config import TINY_A, layer_roles
-from harness.reference.runtime import SharedRuntime, init_layer_state
+from v41_conformance.reference.compressor import pending_state
+from v41_conformance.reference.config import TINY_A, layer_roles
+from v41_conformance.reference.runtime import SharedRuntime, init_layer_state
 
 CFG = TINY_A
 SCHEDULE_A = [(0, 21)] + [(p, p + 1) for p in range(21, 32)]

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.reference.candidates import (
+from v41_conformance.reference.candidates import (
     compact_ids,
     kept_block_ids,
     restore_candidates,
     select_candidate_blocks,
 )
-from harness.reference.indexer import query_compress_lens, select_topk
+from v41_conformance.reference.indexer import query_compress_lens, select_topk
 
 BF = torch.bfloat16
 INF = float("inf")

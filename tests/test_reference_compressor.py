@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from harness.reference.compressor import (
+from v41_conformance.reference.compressor import (
     CompressorWeights,
     check_ring_capacity,
     completed_groups,
@@ -22,8 +22,8 @@ from harness.reference.compressor import (
     pool_group,
     ring_capacity,
 )
-from harness.reference.numerics import linear_bf16, rms_norm
-from harness.schedules import (
+from v41_conformance.reference.numerics import linear_bf16, rms_norm
+from v41_conformance.schedules import (
     compositions,
     from_lengths,
     prefill_then_decode,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.reference.indexer import (
+from v41_conformance.reference.indexer import (
     IndexerWeights,
     head_weight_multiplier,
     head_weights,
@@ -19,8 +19,8 @@ from harness.reference.indexer import (
     query_compress_lens,
     select_topk,
 )
-from harness.reference.numerics import fp4_qdq_e8m0, linear_bf16
-from harness.reference.rope import freqs_table
+from v41_conformance.reference.numerics import fp4_qdq_e8m0, linear_bf16
+from v41_conformance.reference.rope import freqs_table
 
 BF = torch.bfloat16
 NINF = float("-inf")
@@ -342,7 +342,7 @@ def test_source_then_consumer_leak_variant_c():
     # Variant C (§12): candidate_topk_blocks 1, block 2, index_topk 4. The source builds the mask
     # from its own visible scores; the consumer's pool (<= 2 rows) is below index_topk, so once
     # 4+ rows are reachable the top-k returns reachable-but-masked rows as valid ids (§4.4).
-    from harness.reference.candidates import select_candidate_blocks
+    from v41_conformance.reference.candidates import select_candidate_blocks
 
     x, qr, weights, keys, table = _tiny(5, S=8)
     src = indexer_forward(x, qr, keys, 0, 1, weights, table, 32, 4, offset=8)

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from harness.reference.compressor import CompressorWeights, compressor_oneshot, compressor_run
-from harness.reference.kv_finish import kv_finish, rope_rows
-from harness.reference.numerics import e2m1_decode, fp4_qdq_e4m3, fp4_qdq_e8m0, linear_bf16, rms_norm
-from harness.reference.rope import apply_rotary, freqs_table
-from harness.schedules import from_lengths
+from v41_conformance.reference.compressor import CompressorWeights, compressor_oneshot, compressor_run
+from v41_conformance.reference.kv_finish import kv_finish, rope_rows
+from v41_conformance.reference.numerics import e2m1_decode, fp4_qdq_e4m3, fp4_qdq_e8m0, linear_bf16, rms_norm
+from v41_conformance.reference.rope import apply_rotary, freqs_table
+from v41_conformance.schedules import from_lengths
 
 HD, IHD, RD, DIM = 128, 64, 32, 128
 TABLE = freqs_table(RD, 64, 160000.0, 65536, 16.0, 32, 1)  # tiny config A, compressed layers

@@ -1,4 +1,4 @@
-"""Tests of harness.reference.numerics against hand-computed values and an independent slow
+"""Tests of v41_conformance.reference.numerics against hand-computed values and an independent slow
 float64 formulation (docs/v41-reference.md §3.3, §6.1-6.2, Appendix B)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import struct
 import pytest
 import torch
 
-from harness.reference import numerics as nm
+from v41_conformance.reference import numerics as nm
 
 F32 = torch.float32
 

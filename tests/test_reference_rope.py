@@ -1,4 +1,4 @@
-"""Tests of harness.reference.rope: the YaRN constants of docs/v41-reference.md Appendix B, the
+"""Tests of v41_conformance.reference.rope: the YaRN constants of docs/v41-reference.md Appendix B, the
 (cos, sin) table, and the interleaved rotation of the last rope_dim channels (§2)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.reference import rope
+from v41_conformance.reference import rope
 
 F32 = torch.float32
 PROD = dict(dim=64, base=160000.0, original_seq_len=65536, factor=16.0, beta_fast=32.0, beta_slow=1.0)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from harness.reference.sparse_attn import TILE, sparse_attn, sparse_attn_plain
+from v41_conformance.reference.sparse_attn import TILE, sparse_attn, sparse_attn_plain
 
 BF16 = torch.bfloat16
 

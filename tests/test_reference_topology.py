@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from harness.reference.config import (PRODUCTION, TINY_A, AttnConfig, layer_roles,
+from v41_conformance.reference.config import (PRODUCTION, TINY_A, AttnConfig, layer_roles,
                                       topology_maps)
-from harness.reference.topology import validate_topology
+from v41_conformance.reference.topology import validate_topology
 
 
 # ----------------------------------------------------------------------------- topology

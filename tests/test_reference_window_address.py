@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.reference.address import address_decode, address_prefill
-from harness.reference.window import window_ids_chunk, window_ids_decode, window_ids_prefill
+from v41_conformance.reference.address import address_decode, address_prefill
+from v41_conformance.reference.window import window_ids_chunk, window_ids_decode, window_ids_prefill
 
 # ------------------------------------------------------------------ window ids
 

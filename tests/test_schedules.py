@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from harness.schedules import (
+from v41_conformance.schedules import (
     accepted_end,
     compositions,
     from_lengths,

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from conftest import ROOT
-from harness.adapters.reference import ReferenceAdapter
-from harness.config import load_config
-from harness.fuzz_sample import draw
-from harness.generate import build_golden
-from harness.registry import components
-from harness.runner import CaseResult, judge_golden
-from harness.space import shrink_candidates, spaces
+from v41_conformance.adapters.reference import ReferenceAdapter
+from v41_conformance.config import load_config
+from v41_conformance.fuzz_sample import draw
+from v41_conformance.generate import build_golden
+from v41_conformance.registry import components
+from v41_conformance.runner import CaseResult, judge_golden
+from v41_conformance.space import shrink_candidates, spaces
 
 DRAWS = 12
 
@@ -49,7 +49,7 @@ def test_shrinking_yields_smaller_variants_that_still_build():
     assert candidates
     config = load_config(ROOT / "conformance.yaml")
     built = 0
-    from harness.cases import CaseSpec, concrete_specs
+    from v41_conformance.cases import CaseSpec, concrete_specs
 
     for params, build in candidates[:10]:
         try:

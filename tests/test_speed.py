@@ -15,13 +15,13 @@ import pytest
 import yaml
 
 from conftest import ROOT, results, statuses
-from harness import cache, forkserver, regenerated, workers
-from harness.config import load_config
-from harness.golden import load_verified, read_manifest
-from harness.registry import get
-from harness.session import RunOptions, case_costs
-from harness.session import run as run_session
-from harness.yamlio import LOADER
+from v41_conformance import cache, forkserver, regenerated, workers
+from v41_conformance.config import load_config
+from v41_conformance.golden import load_verified, read_manifest
+from v41_conformance.registry import get
+from v41_conformance.session import RunOptions, case_costs
+from v41_conformance.session import run as run_session
+from v41_conformance.yamlio import LOADER
 
 INTROSPECT = f"{ROOT}/tests/impls/introspect.py:Introspect"
 NORM = ["norm.rms/*"]
@@ -151,7 +151,7 @@ def test_the_cache_lives_in_the_users_cache_dir_and_can_be_turned_off(tmp_path, 
 
 
 def test_a_built_golden_is_reused_only_by_the_same_code_for_the_same_pin(tmp_path, monkeypatch):
-    from harness import generate
+    from v41_conformance import generate
 
     monkeypatch.setenv("CONFORMANCE_CACHE", str(tmp_path / "cache"))
     config = load_config(ROOT / "conformance.yaml")

@@ -22,8 +22,8 @@ import pytest
 import torch
 from antiqsort import antiqsort_keys, antiqsort_values
 
-import harness.reference.topk as topk_module
-from harness.reference.topk import (
+import v41_conformance.reference.topk as topk_module
+from v41_conformance.reference.topk import (
     TOPK_MODE_ENV,
     TopkStats,
     emulate_topk,
@@ -31,7 +31,7 @@ from harness.reference.topk import (
     torch_cpu_topk,
     uses_partial_sort,
 )
-from harness.reference.topk_probe import PROBED_DTYPES, probe_topk, torch_topk_matches
+from v41_conformance.reference.topk_probe import PROBED_DTYPES, probe_topk, torch_topk_matches
 
 _CONFIG = torch.__config__.show()
 LIBSTDCXX = platform.system() == "Linux" and "GCC" in _CONFIG

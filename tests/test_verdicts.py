@@ -16,15 +16,15 @@ import pytest
 import torch
 
 from conftest import ROOT
-from harness.boundary import FORMATS, classify_quantised, pre_tolerance
-from harness.compare import compare_output
-from harness.config import load_config
-from harness.golden import read_manifest
-from harness.index_verdict import classify_index_rows
-from harness.policy import Policy
-from harness.reference import numerics as nx
-from harness.registry import get
-from harness.runner import run_case
+from v41_conformance.boundary import FORMATS, classify_quantised, pre_tolerance
+from v41_conformance.compare import compare_output
+from v41_conformance.config import load_config
+from v41_conformance.golden import read_manifest
+from v41_conformance.index_verdict import classify_index_rows
+from v41_conformance.policy import Policy
+from v41_conformance.reference import numerics as nx
+from v41_conformance.registry import get
+from v41_conformance.runner import run_case
 from impls import rope_tables
 from impls.patching import patched
 
@@ -265,7 +265,7 @@ def test_signed_zeros_are_tied_in_sorted_and_unsorted_top_k():
 
 
 def test_replacing_a_numerics_quantiser_reaches_the_quant_components_too():
-    from harness.adapters.reference import ReferenceAdapter
+    from v41_conformance.adapters.reference import ReferenceAdapter
 
     original = nx.fp4_qdq_e4m3
 
@@ -286,15 +286,15 @@ def test_replacing_a_numerics_quantiser_reaches_the_quant_components_too():
 def _fresh_indexer_golden(name: str, label: str):
     import dataclasses
 
-    from harness.cases import load_cases
-    from harness.generate import build_golden
+    from v41_conformance.cases import load_cases
+    from v41_conformance.generate import build_golden
 
     spec = next(s for s in load_cases(CONFIG.cases, [f"indexer/{name}"]))
     return build_golden(dataclasses.replace(spec, name=f"{spec.name}-{label}"), CONFIG)
 
 
 def _judge(impl, golden, impl_conf=None):
-    from harness.runner import CaseResult, judge_golden
+    from v41_conformance.runner import CaseResult, judge_golden
 
     result = CaseResult(golden.meta["case_id"], "indexer", "error")
     judge_golden(get("indexer"), golden, impl, CONFIG, impl_conf or {}, result)
@@ -327,7 +327,7 @@ class FlooredQueryScale:
         return component == "indexer"
 
     def run(self, component, inputs, params):
-        from harness.adapters.reference import ReferenceAdapter
+        from v41_conformance.adapters.reference import ReferenceAdapter
 
         ceil = nx.pow2_ceil
         with patched(nx, "pow2_ceil", lambda y: ceil(y) * 0.5):

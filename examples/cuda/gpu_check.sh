@@ -77,18 +77,18 @@ step() {  # step NAME COMMAND...: run under the limit, log, remember the outcome
 failed=0
 step build "$PY" examples/cuda/build.py || failed=1
 if [ "$failed" -eq 0 ]; then
-    step cuda "$PY" -m harness run --device cuda --impl examples/cuda/cuda_impl.py:CudaImpl \
+    step cuda "$PY" -m v41_conformance run --device cuda --impl examples/cuda/cuda_impl.py:CudaImpl \
         --select 'quant.e2m1,quant.fp4_e4m3,quant.fp4_e8m0' --report-dir "$OUT/cuda" || failed=1
 fi
-step triton "$PY" -m harness run --device cuda --impl examples/triton_impl.py:TritonImpl \
+step triton "$PY" -m v41_conformance run --device cuda --impl examples/triton_impl.py:TritonImpl \
     --select 'quant.e2m1,quant.fp4_e4m3,quant.fp4_e8m0,indexer.scores' --report-dir "$OUT/triton" || failed=1
-step fp8 "$PY" -m harness run --device cuda --impl tests/impls/gate_upstream.py:UpstreamTorch \
+step fp8 "$PY" -m v41_conformance run --device cuda --impl tests/impls/gate_upstream.py:UpstreamTorch \
     --select 'linear.fp8,sparse_attn/production-*' --report-dir "$OUT/fp8" || failed=1
-step forked "$PY" -m harness run --device cuda -n 2 --impl examples/cuda/cuda_impl.py:CudaImpl \
+step forked "$PY" -m v41_conformance run --device cuda -n 2 --impl examples/cuda/cuda_impl.py:CudaImpl \
     --select 'quant.e2m1,quant.fp4_e4m3,quant.fp4_e8m0' --report-dir "$OUT/forked" || failed=1
 step sticky "$PY" examples/cuda/sticky_check.py "$OUT/sticky" || failed=1
-step production bash -c "'$PY' -m harness generate --tier production --select 'attention/*' && \
-    '$PY' -m harness run --device cuda --tier production --impl tests/impls/gate_upstream.py:UpstreamTorch \
+step production bash -c "'$PY' -m v41_conformance generate --tier production --select 'attention/*' && \
+    '$PY' -m v41_conformance run --device cuda --tier production --impl tests/impls/gate_upstream.py:UpstreamTorch \
     --select 'attention/*' --timeout $LIMIT --report-dir '$OUT/production'" || failed=1
 PLUGIN_DIR=$(mktemp -d)
 PY_ABS=$("$PY" -c 'import sys; print(sys.executable)')

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def main(report_dir: str) -> int:
-    proc = subprocess.run([sys.executable, "-m", "harness", "run", "--device", "cuda", "-n", "2", "--impl",
+    proc = subprocess.run([sys.executable, "-m", "v41_conformance", "run", "--device", "cuda", "-n", "2", "--impl",
                            "tests/impls/wrong.py:StickyCudaError", "--select", "norm.rms", "--report-dir", report_dir],
                           cwd=ROOT)
     cases = {c["id"]: c for c in json.loads((Path(report_dir) / "results.json").read_text())["cases"]}

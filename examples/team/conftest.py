@@ -11,7 +11,7 @@ def pytest_addoption(parser):
 def conformance_impl(request):
     device = request.config.getoption("--kernels-device")
     if device is None:  # the plugin's own: --conformance-impl builds it (with isolation)
-        from harness.pytest_cases import FROM_OPTION
+        from v41_conformance.pytest_cases import FROM_OPTION
 
         return FROM_OPTION
     from mykernels import Kernels

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness import api
+from v41_conformance import api
 from mykernels import Kernels
 
 CASES = api.cases("quant.e2m1/*")

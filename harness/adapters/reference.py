@@ -1,6 +1,6 @@
 """The built-in reference implementation, as an adapter.
 
-Importable as `harness.adapters.reference:ReferenceAdapter`, so an outside implementation can
+Importable as `v41_conformance.adapters.reference:ReferenceAdapter`, so an outside implementation can
 delegate the components it does not have yet, or compare itself component by component.
 """
 

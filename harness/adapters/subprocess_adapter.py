@@ -249,7 +249,7 @@ class SubprocessAdapter:
 
 
 def _forward(fd: int, data: bytes) -> None:
-    """Write a program's output to our own fd 1 or 2 (captured per case; see harness.capture)."""
+    """Write a program's output to our own fd 1 or 2 (captured per case; see v41_conformance.capture)."""
     if data:
         try:
             os.write(fd, data)

@@ -1,7 +1,7 @@
 """`attention`: the attention forward of every layer of a configuration over a prefill-and-decode
 schedule, with the cross-layer shared runtime passed explicitly (M:613-789, M:1166-1180).
 
-The arithmetic is `harness.reference.attention.attention_step` (docs/v41-reference.md §5, in the
+The arithmetic is `v41_conformance.reference.attention.attention_step` (docs/v41-reference.md §5, in the
 bf16 mode of §8). This module builds the cases (the schedule and §10.1 policy axis, weights and
 inputs), wraps the reference as one (step, layer) call and registers the component; the driver
 and what it records are in `attention_steps.py`; docs/attention.md is the user's description.

@@ -105,7 +105,7 @@ def _quant_inputs(block: int, top: float, component: str):
 
 def _quant_reference(function: str):
     """The reference of one quantiser, looked up in `numerics` at call time, so that replacing
-    `harness.reference.numerics.<function>` (an experiment, a test) reaches this component as it
+    `v41_conformance.reference.numerics.<function>` (an experiment, a test) reaches this component as it
     reaches kv.finish and attention."""
 
     def reference(inputs, params):

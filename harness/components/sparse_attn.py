@@ -1,6 +1,6 @@
 """`sparse_attn`: attention over gathered KV rows with a per-head sink (kernel.py K41:296-403).
 
-The golden follows the reference kernel's arithmetic (`harness.reference.sparse_attn.sparse_attn`,
+The golden follows the reference kernel's arithmetic (`v41_conformance.reference.sparse_attn.sparse_attn`,
 docs/v41-reference.md §6.3): scores in fp32 scaled by softmax_scale, a running max over tiles of
 64 index lanes in row order starting at -1e30, probabilities rounded to bf16 before the value
 product, the sink a raw logit in the denominator only. A row whose lanes are all absent (-1)

@@ -2,7 +2,7 @@
 
 Upstream selects with CPU `torch.topk` (M:578-580 indexer, M:607 candidate blocks). Which tied
 elements come back, and in what order, is decided by libstdc++'s algorithms; the reference
-reproduces them (`harness.reference.topk`, docs/topk-tie-order.md). An implementation that picks
+reproduces them (`v41_conformance.reference.topk`, docs/topk-tie-order.md). An implementation that picks
 other tied elements is told so: its differing rows are classified `tie` (every differing id ties
 with the k-th score) or `miss`.
 

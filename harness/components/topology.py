@@ -4,7 +4,7 @@ A topology gives, per layer, the layer whose main compressed KV, index keys, top
 level-one candidates it reads (`-1`: takes no part). It is accepted only when each finer map
 refines the coarser one (index refines index-K refines main-KV; candidates refine index-K) and
 every source precedes its consumers without another publisher in between (upstream keeps one
-shared slot per kind, M:1166-1180). The rules and messages are `harness.reference.topology`
+shared slot per kind, M:1166-1180). The rules and messages are `v41_conformance.reference.topology`
 (seed appendix A.6; docs/v41-reference.md §1.3, §5.5).
 
 The maps are the case's params (`main_kv`, `index_k`, `index`, optional `candidate`), so they

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-PREFIX = "harness."
+PREFIX = __package__.rpartition(".")[0] + "."  # the package these modules live in
 
 
 def resolve(target: str) -> tuple[Any, str, Any]:

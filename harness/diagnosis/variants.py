@@ -17,7 +17,7 @@ import torch
 
 from .patching import constant, replaced
 
-REF = "harness.reference"
+REF = "v41_conformance.reference"
 NUMERICS, ROPE, INDEXER = f"{REF}.numerics", f"{REF}.rope", f"{REF}.indexer"
 
 # Component patterns: where each reference function's arithmetic reaches.

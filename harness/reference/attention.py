@@ -50,20 +50,20 @@ from typing import NamedTuple
 
 import torch
 
-from harness.reference.candidates import select_candidate_blocks
-from harness.reference.compressor import CompressorWeights, compressor_step
-from harness.reference.config import AttnConfig, layer_roles, rope_params
-from harness.reference.numerics import einsum_f32, randn
-from harness.reference.indexer import IndexerWeights, indexer_forward
-from harness.reference.kv_finish import kv_finish
-from harness.reference import numerics as nx  # quantisers looked up at call time: one override point
-from harness.reference.fp8_linear import Fp8Weight, project
-from harness.reference.numerics import rms_norm
-from harness.reference.rope import apply_rotary, freqs_table
-from harness.reference.runtime import (LayerState, SharedRuntime, check_policy,
+from v41_conformance.reference.candidates import select_candidate_blocks
+from v41_conformance.reference.compressor import CompressorWeights, compressor_step
+from v41_conformance.reference.config import AttnConfig, layer_roles, rope_params
+from v41_conformance.reference.numerics import einsum_f32, randn
+from v41_conformance.reference.indexer import IndexerWeights, indexer_forward
+from v41_conformance.reference.kv_finish import kv_finish
+from v41_conformance.reference import numerics as nx  # quantisers looked up at call time: one override point
+from v41_conformance.reference.fp8_linear import Fp8Weight, project
+from v41_conformance.reference.numerics import rms_norm
+from v41_conformance.reference.rope import apply_rotary, freqs_table
+from v41_conformance.reference.runtime import (LayerState, SharedRuntime, check_policy,
                                        init_states)
-from harness.reference.sparse_attn import sparse_attn
-from harness.reference.window import window_ids_decode, window_ids_prefill
+from v41_conformance.reference.sparse_attn import sparse_attn
+from v41_conformance.reference.window import window_ids_decode, window_ids_prefill
 
 FP8_BLOCK = 32   # fp8_block_size (M:23-30), window KV act_quant
 

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from harness.reference.topk import torch_cpu_topk
+from v41_conformance.reference.topk import torch_cpu_topk
 
 
 class CandidateSelection(NamedTuple):

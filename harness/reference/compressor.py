@@ -48,8 +48,8 @@ from typing import NamedTuple
 
 import torch
 
-from harness.reference.numerics import linear_bf16, linear_f32, rms_norm
-from harness.schedules import max_step, validate_schedule
+from v41_conformance.reference.numerics import linear_bf16, linear_f32, rms_norm
+from v41_conformance.schedules import max_step, validate_schedule
 
 SUPPORTED_RATIOS = (1, 2)
 SCORE, LATENT = 0, 1  # index of the (score, latent) axis of a ring slot

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.reference.topology import validate_topology
+from v41_conformance.reference.topology import validate_topology
 
 MODES = ("Window", "Full", "Reindex", "Reuse")
 

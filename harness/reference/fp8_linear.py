@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-from harness.reference import numerics as nx
+from v41_conformance.reference import numerics as nx
 
 BLOCK = 32  # fp8_block_size (M:23-30): activation blocks and weight tiles are 32 wide
 _CHUNK_ELEMS = 1 << 23  # float64 block products computed at once (64 MB)

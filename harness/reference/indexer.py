@@ -37,11 +37,11 @@ from typing import NamedTuple
 
 import torch
 
-from harness.reference import numerics as nx  # quantisers looked up at call time: one override point
-from harness.reference.fp8_linear import Fp8Weight, project
-from harness.reference.numerics import linear_bf16
-from harness.reference.rope import apply_rotary
-from harness.reference.topk import torch_cpu_topk
+from v41_conformance.reference import numerics as nx  # quantisers looked up at call time: one override point
+from v41_conformance.reference.fp8_linear import Fp8Weight, project
+from v41_conformance.reference.numerics import linear_bf16
+from v41_conformance.reference.rope import apply_rotary
+from v41_conformance.reference.topk import torch_cpu_topk
 
 FP4_BLOCK = 32  # fp4_block_size (M:23-30): indexer q/k QDQ block, E8M0 scales
 LEAK_POLICIES = ("upstream", "drop")  # §4.4: ids of masked-out rows kept (upstream) or -1 (drop)

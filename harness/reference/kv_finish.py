@@ -26,9 +26,9 @@ from typing import NamedTuple
 
 import torch
 
-from harness.reference import numerics as nx  # quantisers looked up at call time: one override point
-from harness.reference.numerics import linear_bf16, pack_nibbles, rms_norm
-from harness.reference.rope import apply_rotary
+from v41_conformance.reference import numerics as nx  # quantisers looked up at call time: one override point
+from v41_conformance.reference.numerics import linear_bf16, pack_nibbles, rms_norm
+from v41_conformance.reference.rope import apply_rotary
 
 MAIN_BLOCK = 16   # M:760, e4m3 scales
 INDEX_BLOCK = 32  # fp4_block_size, e8m0 scales

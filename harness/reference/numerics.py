@@ -12,7 +12,7 @@ Everything here is a pure function of tensors on the CPU. Upstream anchors
 - `linear_f32` / `linear_bf16`: `F.linear` as `linear()` uses it without quantised weights (M:181-207).
 
 Override point: every component and reference module looks the quantisers (and `e2m1_round`)
-up in this module when it calls them, so replacing `harness.reference.numerics.fp4_qdq_e4m3` (an
+up in this module when it calls them, so replacing `v41_conformance.reference.numerics.fp4_qdq_e4m3` (an
 experiment, a test's deliberate bug) reaches `quant.*`, `kv.finish`, `indexer` and `attention`
 alike.
 

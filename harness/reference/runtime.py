@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.reference.compressor import new_ring, ring_capacity
-from harness.reference.config import AttnConfig, layer_roles
+from v41_conformance.reference.compressor import new_ring, ring_capacity
+from v41_conformance.reference.config import AttnConfig, layer_roles
 
 POLICIES = ("upstream", "fixed")
 SLOTS = ("compress_kv", "index_k", "topk_idxs", "candidates")  # upstream shared_attn, M:1166-1180

@@ -1,6 +1,6 @@
 """Start-up probe: does this process's ``torch.topk`` break ties exactly like the emulation?
 
-`harness.reference.topk.emulate_topk` is the definition of the top-k the harness pins (torch
+`v41_conformance.reference.topk.emulate_topk` is the definition of the top-k the harness pins (torch
 2.13's CPU kernel on libstdc++, ties included). It costs Python time, so `torch_cpu_topk` hands
 CPU tensors to ``torch.topk`` itself, but only once this probe has run a small fixed set of rows
 through both and found every index and every value (bit for bit) identical. The rows are built

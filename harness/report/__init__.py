@@ -1,4 +1,4 @@
-"""Renderers: each reads a results document (see `harness.session`) and writes one format."""
+"""Renderers: each reads a results document (see `v41_conformance.session`) and writes one format."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ handed, and stays inside what the builder and the reference accept (no rejection
 - ids stay inside int32 after any offset, base or block-table translation.
 
 Costs are estimates of the reference's build + judge time in seconds: linear models over each
-component's dominant sizes, fitted to single-threaded timings of `harness.generate.build_golden`
+component's dominant sizes, fitted to single-threaded timings of `v41_conformance.generate.build_golden`
 plus `runner.judge_golden` over a few hundred draws, then doubled (a loaded machine is slower).
 """
 

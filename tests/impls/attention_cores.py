@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-import harness.reference.attention as ref_attention
-from harness.adapters.reference import ReferenceAdapter
+import v41_conformance.reference.attention as ref_attention
+from v41_conformance.adapters.reference import ReferenceAdapter
 from patching import patched
 
 M_INIT = -1e30  # the kernel's finite running-max start: an all-absent row gives 0, never NaN

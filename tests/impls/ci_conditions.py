@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from harness.adapters.reference import ReferenceAdapter
+from v41_conformance.adapters.reference import ReferenceAdapter
 
 ANSI_RED, ANSI_RESET = "\x1b[31m", "\x1b[0m"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from harness import Unsupported
-from harness.adapters.reference import ReferenceAdapter
-from harness.registry import components
+from v41_conformance import Unsupported
+from v41_conformance.adapters.reference import ReferenceAdapter
+from v41_conformance.registry import components
 
 # Index bookkeeping, byte counts, ring capacity, row metadata, topology rules: integer answers, so
 # the reference's answer is every correct implementation's answer.

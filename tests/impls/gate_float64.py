@@ -12,7 +12,7 @@ What is not a tolerance question is done exactly as upstream decides it:
 - selections: torch's own CPU top-k (as upstream calls it), masks, candidate blocks.
 
 `attention` reuses the reference's bookkeeping (ring writes, window ids, runtime publication) and
-swaps every arithmetic helper of `harness.reference.attention` for its float64 version here, for
+swaps every arithmetic helper of `v41_conformance.reference.attention` for its float64 version here, for
 the duration of one call.
 
 Run: conformance run --impl tests/impls/gate_float64.py:Float64 --no-isolate
@@ -29,11 +29,11 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-import harness.reference.attention as ref_attention
+import v41_conformance.reference.attention as ref_attention
 from gate import Gate, bare
-from harness.adapters.reference import ReferenceAdapter
-from harness.reference.fp8_linear import Fp8Weight, weight_input
-from harness.reference.kv_finish import KvFinish
+from v41_conformance.adapters.reference import ReferenceAdapter
+from v41_conformance.reference.fp8_linear import Fp8Weight, weight_input
+from v41_conformance.reference.kv_finish import KvFinish
 
 NINF = float("-inf")
 SCORE, LATENT = 0, 1  # (score, latent) axis of a compressor ring slot (docs/schedules.md)

@@ -20,7 +20,7 @@ import torch
 import upstream_ops as up
 from upstream_attention import attention_call, weight
 from gate import Gate, bare, table_args
-from harness import Unsupported
+from v41_conformance import Unsupported
 
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from harness.adapters.reference import ReferenceAdapter
+from v41_conformance.adapters.reference import ReferenceAdapter
 
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from gate import table_args
-from harness.reference import rope as rp
+from v41_conformance.reference import rope as rp
 
 COMPONENT = "rope.yarn_table"
 

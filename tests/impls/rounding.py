@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from harness.adapters.reference import ReferenceAdapter
-from harness.reference import indexer as ix
-from harness.ulps import ulp_of
+from v41_conformance.adapters.reference import ReferenceAdapter
+from v41_conformance.reference import indexer as ix
+from v41_conformance.ulps import ulp_of
 from patching import patched
 
 
@@ -72,8 +72,8 @@ class NarrowAccumulatorFp8(ReferenceAdapter):
     def run(self, component, inputs, params):
         if component != "linear.fp8":
             return super().run(component, inputs, params)
-        from harness.reference import fp8_linear as fp8
-        from harness.reference import numerics as nx
+        from v41_conformance.reference import fp8_linear as fp8
+        from v41_conformance.reference import numerics as nx
 
         q = nx.fp8_qdq_ue8m0(inputs["x"])
         codes, scales = inputs["weight"], inputs["weight_scale"]

@@ -4,7 +4,7 @@ machine): the per-case timeout must not count it."""
 import os
 import time
 
-from harness.adapters.reference import ReferenceAdapter
+from v41_conformance.adapters.reference import ReferenceAdapter
 
 time.sleep(float(os.environ.get("CONFORMANCE_TEST_LOAD", "3")))
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 
 import upstream_ops as up
-from harness import Unsupported
-from harness.components.attention_steps import config_of
-from harness.reference.attention import window_part
-from harness.reference.config import AttnConfig, LayerRole, rope_params
+from v41_conformance import Unsupported
+from v41_conformance.components.attention_steps import config_of
+from v41_conformance.reference.attention import window_part
+from v41_conformance.reference.config import AttnConfig, LayerRole, rope_params
 
 
 def attention_call(inputs: dict, params: dict) -> dict:

@@ -3,7 +3,7 @@
 Every function uses the torch ops, dtypes and operation order of upstream `inference/model.py`
 (M:) and the arithmetic of `inference/kernel.py` (K41:) as docs/v41-reference.md describes them:
 fp32 or bf16 GEMMs through torch's own kernels, fp32 exp/rsqrt/cos/sin, bf16 rounding where
-upstream rounds. Nothing here accumulates in float64 or calls `harness.reference`.
+upstream rounds. Nothing here accumulates in float64 or calls `v41_conformance.reference`.
 
 Quantiser outputs use the harness encodings: e2m1 code = bit 3 sign, bits 0-2 index into
 E2M1_GRID; fp8 codes are float8_e4m3fn bit patterns; an e8m0 scale byte is the biased exponent;

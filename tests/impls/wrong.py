@@ -10,8 +10,8 @@ import os
 
 import torch
 
-from harness.adapters.reference import ReferenceAdapter
-from harness.reference import numerics as nx
+from v41_conformance.adapters.reference import ReferenceAdapter
+from v41_conformance.reference import numerics as nx
 from patching import patched
 
 GRID = torch.tensor(nx.E2M1_GRID, dtype=torch.float32)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-import harness.reference.attention as ref_attention
-import harness.reference.sparse_attn as ref_sparse
-from harness import Unsupported
-from harness.adapters.reference import ReferenceAdapter
+import v41_conformance.reference.attention as ref_attention
+import v41_conformance.reference.sparse_attn as ref_sparse
+from v41_conformance import Unsupported
+from v41_conformance.adapters.reference import ReferenceAdapter
 from patching import patched
 
 

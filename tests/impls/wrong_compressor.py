@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from harness.adapters.reference import ReferenceAdapter
+from v41_conformance.adapters.reference import ReferenceAdapter
 from patching import patched
-from harness.reference import compressor as cp
-from harness.reference import kv_finish as kf
-from harness.reference.numerics import rms_norm
+from v41_conformance.reference import compressor as cp
+from v41_conformance.reference import kv_finish as kf
+from v41_conformance.reference.numerics import rms_norm
 
 
 def _weights(inputs, params) -> cp.CompressorWeights:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from harness.adapters.reference import ReferenceAdapter
-from harness.reference import fp8_linear as fp8
-from harness.reference import numerics as nx
+from v41_conformance.adapters.reference import ReferenceAdapter
+from v41_conformance.reference import fp8_linear as fp8
+from v41_conformance.reference import numerics as nx
 from gate import bare
 from patching import patched
 

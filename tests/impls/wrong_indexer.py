@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from harness.adapters.reference import ReferenceAdapter
+from v41_conformance.adapters.reference import ReferenceAdapter
 from patching import patched
-from harness.reference import address as ad
-from harness.reference import candidates as cd
-from harness.reference import indexer as ix
+from v41_conformance.reference import address as ad
+from v41_conformance.reference import candidates as cd
+from v41_conformance.reference import indexer as ix
 
 NINF = float("-inf")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.adapters.reference import ReferenceAdapter
+from v41_conformance.adapters.reference import ReferenceAdapter
 
 TILE = 64
 

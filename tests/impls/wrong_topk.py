@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.adapters.reference import ReferenceAdapter
+from v41_conformance.adapters.reference import ReferenceAdapter
 
 
 def lowest_index_topk(values: torch.Tensor, k: int, largest: bool = True):
