@@ -70,8 +70,9 @@ def main() -> None:
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N")
 @click.option("--timeout", type=float, default=None, help="seconds per case (default: conformance.yaml's timeout)")
 @click.option("--no-isolate", is_flag=True, help="run the implementation in the worker itself (faster, not crash-safe)")
-@click.option("--diagnosis-budget", type=float, default=None,
-              help="seconds per failing case for naming known porting bugs (default 30; 0: no diagnosis)")
+@click.option("--diagnosis-budget", type=int, default=None,
+              help="re-runs of the reference per failing case for naming known porting bugs (default 64, "
+                   "production tier 8; 0: no diagnosis)")
 @click.option("--shard", default=None, help="I/N: run only shard I of N (deterministic split by case id)")
 @click.option("--pytest-args", default="", help="extra pytest arguments, e.g. \"--tx ssh=host//python=python3\"")
 @click.option("--baseline", default=None, type=click.Path(),
@@ -94,8 +95,9 @@ def run(impl, select, report_dir, workers, device, timeout, no_isolate, diagnosi
         config = _config(config_path, tier, goldens_dir, cases_dir)
         _check_device(device)
         _check_run_flags(workers, timeout, Path(report_dir), config)
-        if diagnosis_budget is not None and not (math.isfinite(diagnosis_budget) and diagnosis_budget >= 0):
-            raise UsageError(f"--diagnosis-budget {diagnosis_budget!r}: expected seconds >= 0 (0 turns it off)")
+        if diagnosis_budget is not None and diagnosis_budget < 0:
+            raise UsageError(f"--diagnosis-budget {diagnosis_budget!r}: expected a whole number of re-runs >= 0 "
+                             "(0 turns it off)")
         options = RunOptions(impl=impl, select=parse_select(select), report_dir=Path(report_dir), workers=str(workers),
                              device=device, timeout=timeout, isolate=not no_isolate, shard=_parse_shard(shard),
                              diagnosis_budget=diagnosis_budget,

@@ -41,24 +41,31 @@ TIERS = ("small", "production")  # production: built locally, pinned by SHA-256 
 # The production tier's cases run for minutes (its attention case: about two on 2 cores for the
 # reference itself): its default timeout per case is at least this; --timeout overrides it.
 PRODUCTION_TIMEOUT = 1200.0
-# Seconds a failing case's diagnosis may take (harness/diagnosis): the small tier's cases re-run in
-# milliseconds to a second per variant. --diagnosis-budget changes it for a run, and the environment
-# variable CONFORMANCE_DIAGNOSIS_BUDGET for every run of a job (0 turns it off).
-DIAGNOSIS_BUDGET = 30.0
+# Re-runs of the reference a failing case's diagnosis may make (harness/diagnosis): one per variant of
+# the catalogue that can change the component, then pairs of them. Work, not seconds, so a case gets
+# the same diagnosis on any machine under any load. The small tier's cases re-run in milliseconds to
+# a few tenths of a second; the production tier's attention case in about a minute, so that tier's
+# default is smaller. --diagnosis-budget changes it for a run, and the environment variable
+# CONFORMANCE_DIAGNOSIS_BUDGET for every run of a job (0 turns it off).
+DIAGNOSIS_BUDGET = 64
+PRODUCTION_DIAGNOSIS_BUDGET = 8
 DIAGNOSIS_ENV = "CONFORMANCE_DIAGNOSIS_BUDGET"
 
 
-def default_diagnosis_budget() -> float:
-    raw = os.environ.get(DIAGNOSIS_ENV)
-    if raw is None:
-        return DIAGNOSIS_BUDGET
+def parse_diagnosis_budget(raw, where: str) -> int:
+    """A diagnosis budget: a whole number of re-runs >= 0 (UsageError naming `where` otherwise)."""
     try:
         value = float(raw)
-    except ValueError:
-        raise UsageError(f"{DIAGNOSIS_ENV}={raw!r}: expected seconds >= 0 (0 turns the diagnosis off)") from None
-    if not value >= 0:
-        raise UsageError(f"{DIAGNOSIS_ENV}={raw!r}: expected seconds >= 0 (0 turns the diagnosis off)")
-    return value
+    except (TypeError, ValueError):
+        value = -1.0
+    if not (value >= 0 and value == int(value)):
+        raise UsageError(f"{where}={raw!r}: expected a whole number of re-runs >= 0 (0 turns the diagnosis off)")
+    return int(value)
+
+
+def default_diagnosis_budget() -> int:
+    raw = os.environ.get(DIAGNOSIS_ENV)
+    return DIAGNOSIS_BUDGET if raw is None else parse_diagnosis_budget(raw, DIAGNOSIS_ENV)
 
 
 @dataclass
@@ -74,7 +81,7 @@ class Config:
     path: Path | None = None
     layered_on: Path | None = None  # the default store's conformance.yaml this file was layered on
     tier: str = "small"
-    diagnosis_budget: float = field(default_factory=default_diagnosis_budget)  # seconds per failing case; 0: off
+    diagnosis_budget: int = field(default_factory=default_diagnosis_budget)  # re-runs per failing case; 0: off
     _policies: dict = field(default_factory=dict, repr=False)
 
     def for_tier(self, tier: str) -> Config:
@@ -86,8 +93,10 @@ class Config:
             return self
         from .store import production_goldens
 
+        budget = self.diagnosis_budget if DIAGNOSIS_ENV in os.environ else \
+            min(self.diagnosis_budget, PRODUCTION_DIAGNOSIS_BUDGET)
         return replace(self, goldens=production_goldens(self.goldens), cases=self.cases / tier, tier=tier,
-                       timeout=max(self.timeout, PRODUCTION_TIMEOUT))
+                       timeout=max(self.timeout, PRODUCTION_TIMEOUT), diagnosis_budget=budget)
 
     def settings(self) -> dict:
         """What a worker without this conformance.yaml needs of it (plain JSON; harness/execution.py)."""

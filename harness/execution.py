@@ -98,7 +98,7 @@ class CaseExecutor:
         import torch
 
         config = config_of(run)
-        config = dataclasses.replace(config, diagnosis_budget=float(run.get("diagnosis_budget", config.diagnosis_budget)))
+        config = dataclasses.replace(config, diagnosis_budget=int(run.get("diagnosis_budget", config.diagnosis_budget)))
         alone = config.tier != "small" and "PYTEST_XDIST_WORKER" not in os.environ
         torch.set_num_threads(int(os.environ.get("CONFORMANCE_THREADS", torch.get_num_threads() if alone else 1)))
         spec = ImplSpec(**run["impl"])

@@ -29,7 +29,6 @@ from .golden import (
 )
 from . import cache, regenerated
 from .registry import Component, get
-from .chain.digest import CASE_DIGEST, case_digest, digests
 from .runner import golden_context
 from .stepnames import step_name, step_of
 
@@ -61,19 +60,9 @@ def build_golden(spec: CaseSpec, config: Config) -> Golden:
     if missing:
         raise GenerationError(f"{spec.id}: input builder did not produce {missing}")
     frozen = {k: v.clone() for k, v in inputs.items()}
-    if component.reference_with_aux is not None:
-        outputs, aux = component.reference_with_aux(inputs, dict(spec.params))
-    else:
-        outputs = component.execute(component.reference, inputs, dict(spec.params))
-        aux = component.aux(frozen, dict(spec.params), outputs) if component.aux else {}
     # The reference also returns its intermediates (it is an implementation too); a golden holds
     # what judges them (their row digests, or the values themselves), never as outputs to return.
-    if component.intermediates:
-        aux[CASE_DIGEST] = case_digest(outputs)
-        for name in [k for k in outputs if component.intermediate_spec(k) is not None]:
-            value = outputs.pop(name)
-            kept = component.intermediate_spec(name).kept
-            aux[name if kept == "aux" else f"{name}.digest"] = value.contiguous() if kept == "aux" else digests(value, 2)
+    outputs, aux = component.reference_golden(inputs, spec.params)
     regenerate = list(spec.build.get("regenerate") or [])
     unknown = [n for n in regenerate if n not in frozen]
     if unknown:

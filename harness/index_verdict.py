@@ -422,3 +422,35 @@ def _example(
         violations=[f"{VIOLATION_KINDS[kd]} ({kd})" for kd, f in viol.items() if bool(f[j])],
         band=band,
     )
+
+
+def tie_choice_bits(ids: torch.Tensor, scores: torch.Tensor, *, offset: int = 0, largest: bool = True,
+                    id_limit: int | torch.Tensor | None = None) -> float:
+    """How much choice the ties of a selection hold, in bits: over the rows, log2 of the number of
+    ways to pick as many ids as `ids` holds among those tied with its k-th score, C(tied, picked).
+    A tie-breaking rule that reproduces every row of `ids` by chance does so with probability
+    2^-bits (the diagnosis names a tie order only on such evidence: docs/diagnosis.md). Rows whose
+    k-th score is not finite (fill, masked rows) hold no tie choice here.
+
+    >>> tie_choice_bits(torch.tensor([[0]]), torch.tensor([[1.0, 1.0, 0.0]]))
+    1.0
+    """
+    lead = tuple(ids.shape[:-1])
+    k, n = ids.shape[-1], scores.shape[-1]
+    r = math.prod(lead)
+    if not r or not k or not n:
+        return 0.0
+    e = ids.reshape(r, k).to(torch.int64)
+    s = scores.reshape(r, n).to(torch.float64)
+    valid = e != -1
+    se = torch.gather(s, 1, torch.where(valid, e - offset, 0).clamp(0, n - 1))
+    kth = _kth(se, valid, largest)
+    limits = _row_limits(id_limit, lead, r)
+    reachable = torch.ones(r, n, dtype=torch.bool)
+    if limits is not None:
+        reachable = (torch.arange(n)[None, :] + offset) < limits[:, None]
+    tied = (_eqv(s, kth[:, None]) & reachable).sum(dim=1).double()
+    picked = (valid & _eqv(se, kth[:, None])).sum(dim=1).double()
+    finite = torch.isfinite(kth) & (tied > picked) & (picked > 0)
+    ways = torch.lgamma(tied + 1) - torch.lgamma(picked + 1) - torch.lgamma(tied - picked + 1)
+    return float(torch.where(finite, ways, 0.0).sum()) / math.log(2.0)

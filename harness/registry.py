@@ -253,6 +253,28 @@ class Component:
     def input_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.inputs)
 
+    def reference_golden(self, inputs: Tensors, params: Params) -> tuple[Tensors, Tensors]:
+        """The reference's (outputs, aux) for `inputs`, as a golden holds them: the reference's
+        intermediates kept as their row digests (or values, where small) in aux, never as outputs.
+        The reference may update `inputs` in place (its state): pass a copy to keep them. The
+        generator writes this; the diagnosis re-derives it under a variant."""
+        from .chain.digest import CASE_DIGEST, case_digest, digests
+
+        if self.reference_with_aux is not None:
+            outputs, aux = self.reference_with_aux(inputs, dict(params))
+        else:
+            frozen = {k: v.clone() for k, v in inputs.items()} if self.aux else {}
+            outputs = self.execute(self.reference, inputs, dict(params))
+            aux = self.aux(frozen, dict(params), outputs) if self.aux else {}
+        outputs, aux = dict(outputs), dict(aux)
+        if self.intermediates:
+            aux[CASE_DIGEST] = case_digest(outputs)
+            for name in [k for k in outputs if self.intermediate_spec(k) is not None]:
+                value = outputs.pop(name)
+                kept = self.intermediate_spec(name).kept
+                aux[name if kept == "aux" else f"{name}.digest"] = value.contiguous() if kept == "aux" else digests(value, 2)
+        return outputs, aux
+
     def param_spec(self, name: str) -> ParamSpec | None:
         return next((p for p in self.params if p.name == name), None)
 

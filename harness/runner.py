@@ -137,40 +137,88 @@ def judge_golden(component: Component, golden: Golden, impl, config: Config, imp
         return
     _judge(component, golden, actual, params, config, impl_conf, result)
     if result.status in ("fail", "error") and result.outputs and config.diagnosis_budget > 0:
-        _diagnose(component, golden, actual, params, config, result)
+        _diagnose(component, golden, actual, params, config, impl_conf, result)
 
 
-def _diagnose(component: Component, golden: Golden, actual: dict, params: dict, config: Config,
+def _diagnose(component: Component, golden: Golden, actual: dict, params: dict, config: Config, impl_conf: dict,
               result: CaseResult) -> None:
-    """Name the known porting bugs that reproduce the failing outputs (harness/diagnosis)."""
-    from .adapters.reference import ReferenceAdapter
+    """Name the known porting bugs under which the failing outputs pass (harness/diagnosis)."""
     from .diagnosis import diagnose
 
-    reference = ReferenceAdapter()
+    verdicts = {name: bool(m["ok"]) for name, m in result.outputs.items() if m.get("ok") is not None}
 
-    def execute(variant_params: dict) -> dict | None:
-        return _execute(component, reference, golden, variant_params, CaseResult(result.id, result.component, "error"))
+    def rejudge(variant_params: dict, stop_on: frozenset[str]):
+        return rejudged(component, golden, actual, variant_params, config, impl_conf, stop_on)
 
-    failing = [name for name, m in result.outputs.items() if not m.get("ok")]
-    values = dict(golden.outputs)
-    step = result.first_divergent_step
-    if step is not None and isinstance(params.get("schedule"), list) and step + 1 < len(params["schedule"]):
-        # a schedule's first divergent step holds the bug: the reference re-runs up to it only
-        params = {**params, "schedule": params["schedule"][: step + 1]}
-        keep = lambda name: (step_of(name) or 0) <= step  # noqa: E731
-        failing, values = [n for n in failing if keep(n)], {n: v for n, v in values.items() if keep(n)}
-    if any(name not in values for name in failing):  # intermediates: the golden holds only their digests
-        own = execute(params) or {}
-        values.update({name: own[name] for name in failing if name not in values and name in own})
     at = result.first_divergent_stage or (f"step {result.first_divergent_step}"
                                           if result.first_divergent_step is not None else "")
-    found = diagnose(component.name, values, actual, failing, params, execute, config.diagnosis_budget, at)
+    found = diagnose(component.name, verdicts, params, rejudge, config.diagnosis_budget, at)
     result.diagnosis = found.to_json()
     lines = result.message.splitlines()
     head = 0
     while head < len(lines) and lines[head].startswith("first divergent "):
         head += 1
     result.message = "\n".join(lines[:head] + found.lines() + lines[head:])  # early: long messages are clipped
+
+
+class _Stopped(Exception):
+    """A re-judgement stops at the first output of `stop_on` that fails: nothing after it can change
+    what the diagnosis concludes."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+def rejudged(component: Component, golden: Golden, actual: dict, params: dict, config: Config, impl_conf: dict,
+             stop_on: frozenset[str] = frozenset()):
+    """The implementation's outputs judged again, exactly as `_judge` judges them, against the reference
+    re-run now on the case's inputs (under whatever variant of a reference function is in force: the
+    diagnosis), stopping at the first failing output of `stop_on`. None when the re-run does not give
+    the golden's outputs (another schedule's, say)."""
+    import hashlib
+
+    from .diagnosis import Rejudged
+    from .index_verdict import tie_choice_bits
+
+    outputs, aux = component.reference_golden({k: v.clone() for k, v in golden.inputs.items()}, params)
+    if set(outputs) != set(golden.outputs):
+        return None
+    changed = {n for n, v in outputs.items() if not _same_bits(v, golden.outputs[n])}
+    changed |= {n.removesuffix(".digest") for n, v in aux.items() if n.endswith(".digest")
+                and not (n in golden.aux and _same_bits(v, golden.aux[n]))}
+    digest = hashlib.sha256()
+    for name in sorted(outputs):
+        digest.update(name.encode() + outputs[name].contiguous().view(torch.uint8).numpy().tobytes())
+    for name in sorted(n for n in aux if n.endswith(".digest")):
+        digest.update(name.encode() + aux[name].numpy().tobytes())
+    if not changed:  # the variant computes what the reference computes on this case
+        return Rejudged({}, frozenset(), digest.hexdigest())
+    again = dataclasses.replace(golden, outputs=outputs, aux=aux)
+    context = golden_context(again)
+    evidence = {}
+    for name in sorted(changed & set(outputs)):
+        policy = config.policy(component, name, impl_conf, dtype=outputs[name].dtype)
+        scores = context.get(policy.scores) if policy.kind == "index" and policy.scores else None
+        if scores is not None and scores.shape[:-1] == outputs[name].shape[:-1]:
+            offset = int(params.get(policy.offset_param, 0)) if policy.offset_param else 0
+            evidence[name] = tie_choice_bits(golden.outputs[name], scores, offset=offset,
+                                             largest=bool(params.get("largest", policy.largest)))
+    judged, _ = _declined(again, actual)
+    scratch = CaseResult(golden.meta.get("case_id", ""), component.name, "error")
+    try:
+        stages = _verdicts(component, again, judged, params, config, impl_conf, scratch, stop_on)
+    except _Stopped as stopped:
+        return Rejudged({stopped.name: False}, frozenset(changed), digest.hexdigest(), evidence, complete=False)
+    return Rejudged({s.name: bool(s.verdict.ok) for s in stages}, frozenset(changed), digest.hexdigest(), evidence)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype.is_floating_point:
+        return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    return torch.equal(a, b)
 
 
 def _execute(component: Component, impl, golden: Golden, params: dict, result: CaseResult) -> dict | None:
@@ -292,10 +340,11 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
 
 
 def _verdicts(component: Component, golden: Golden, actual: dict, params: dict, config: Config, impl_conf: dict,
-              result: CaseResult) -> list[StageVerdict]:
+              result: CaseResult, stop_on: frozenset[str] = frozenset()) -> list[StageVerdict]:
     """Every output's verdict (and every returned intermediate's), in the order they are reported:
     along the component's chain where it has one, else by name against the golden as stored (or
-    conditioned on the boundary flips its `rederive` hook finds)."""
+    conditioned on the boundary flips its `rederive` hook finds). `_Stopped` at the first failing
+    output of `stop_on` (the diagnosis)."""
     if component.chain is not None:
         stored = golden.aux.get(CASE_DIGEST)
         if stored is not None and torch.equal(case_digest(actual), stored):  # the reference's every value
@@ -306,7 +355,10 @@ def _verdicts(component: Component, golden: Golden, actual: dict, params: dict, 
 
         def judge(name: str, expected: torch.Tensor, value, extra: dict) -> OutputVerdict:
             policy = config.policy(component, name, impl_conf, dtype=expected.dtype)
-            return compare_output(name, expected, value, policy, ChainMap(extra, context) if extra else context, params)
+            verdict = compare_output(name, expected, value, policy, ChainMap(extra, context) if extra else context, params)
+            if not verdict.ok and name in stop_on:
+                raise _Stopped(name)
+            return verdict
 
         chain = component.chain(golden.inputs, golden.outputs, golden.aux, actual, params, judge,
                                 config.boundary_policy(component, impl_conf))
@@ -320,6 +372,8 @@ def _verdicts(component: Component, golden: Golden, actual: dict, params: dict, 
         expected = golden.outputs[name]
         policy = config.policy(component, name, impl_conf, dtype=expected.dtype)
         verdict = compare_output(name, expected, actual[name], policy, context, params)
+        if not verdict.ok and name in stop_on:
+            raise _Stopped(name)
         if rederived is not None and name in rederived.outputs:
             verdict.message = f"judged against the reference recomputed with {rederived.example}\n{verdict.message}".strip()
         out.append(StageVerdict(name, verdict))

@@ -90,7 +90,7 @@ class RunOptions:
     tier: str = "small"
     stores: tuple[str | None, str | None] = (None, None)  # --goldens, --cases as given
     baseline: Path | None = None  # a report dir or results.json to diff against (harness/diff.py)
-    diagnosis_budget: float | None = None  # seconds per failing case (None: the configuration's; 0: off)
+    diagnosis_budget: int | None = None  # re-runs per failing case (None: the configuration's; 0: off)
 
     def repro(self, case_id: str) -> str:
         """The command that re-runs exactly this case the way this run ran it."""

@@ -1,62 +1,119 @@
-"""Diagnose one failing case: re-run the reference under each applicable variant of the catalogue
-(harness/diagnosis/variants.py) and name those that reproduce the implementation's outputs.
+"""Diagnose one failing case: judge the implementation's outputs again against the reference re-run
+under each applicable variant of the catalogue (harness/diagnosis/variants.py), and name the variants
+under which its failing outputs pass.
 
-A variant *matches* when, under it, every output the implementation failed is reproduced bit for
-bit or explained far better than by the reference (its distance to the implementation's value is
-at most `EXPLAINED` of the reference's), and no output the implementation got right moves away
-from it. Nothing else is ever named: when no variant matches, the diagnosis says so. Variants run
-in catalogue order within a time budget per case, until one reproduces every failing output bit for
-bit (and that variant's twins: the ones that are the same arithmetic on some shapes, so both are
-named); what the budget left untried is reported.
+The comparator is the only judge. A variant *explains* a failing output when, against the reference
+re-run under that variant (its outputs, its aux, the chain's rederivations), the implementation's
+output passes that output's own comparison: the same policy and tolerances, the same boundary flips,
+signed zeros and index verdicts, re-derived under the variant. A variant may be named only when no
+output the implementation got right fails under it. So a port's own arithmetic around a bug never
+hides the bug, and nothing the verdict would not accept is ever "explained": a NaN is never explained
+by a finite value.
+
+A variant that explains every failing output is a match. When none does, pairs of variants that each
+explain part of the failing outputs (or move them) are tried together: two bugs at once. Whatever is
+left, each output says which variant explains it, and which no variant explains. Some variants need
+evidence beyond a pass: a tie order matches any one tied row by chance half the time, so it is named
+only where the tied rows it decides could not have come out so by chance (`Variant.evidence`).
+
+The search is bounded by work, never by wall time, so the same case gets the same diagnosis on any
+machine under any load: at most `budget` re-runs of the reference, single variants in catalogue order
+first, then pairs.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import time
+import itertools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-import torch
+from .variants import VARIANTS, Variant, together
 
-from .variants import VARIANTS, Variant
 
-EXPLAINED = 0.1  # a failing output is explained when the variant is at least 10x closer to it than the reference
+@dataclass(frozen=True)
+class Rejudged:
+    """A case judged again under a variant (or a pair of them)."""
+
+    ok: dict[str, bool]  # every judged output (and returned intermediate) -> passes under the variant
+    changed: frozenset[str]  # outputs whose expected value the variant moves from the golden's
+    digest: str  # of every expected tensor: two variants with one digest compute the same on this case
+    evidence: dict[str, float] = field(default_factory=dict)  # output -> bits of evidence of a tie-order match
+    complete: bool = True  # False: stopped at the first failing output of those it was asked to stop on
+
+
+# (params for the reference, outputs to stop at when one fails) -> the case judged again under whatever
+# variant is in force; None when the reference could not run on the case under it
+Rejudge = Callable[[dict, frozenset], "Rejudged | None"]
 
 
 @dataclass(frozen=True)
 class Match:
-    variant: str
-    summary: str
-    identical: int  # failing outputs the variant reproduces bit for bit
-    explained: int  # failing outputs it reproduces or explains (identical included)
-    outputs: int  # failing outputs judged
+    variants: tuple[str, ...]  # one name, or two: two bugs at once
+    summaries: tuple[str, ...]
+    explains: tuple[tuple[str, ...], ...]  # per variant: the failing outputs it explains on its own
+    outputs: tuple[str, ...]  # the failing outputs this match explains (all of them, for a full match)
+    failing: int  # failing outputs of the case
+    indistinguishable: tuple[str, ...] = ()  # variants computing the same on this case (named beside it)
+
+    @property
+    def full(self) -> bool:
+        return len(self.outputs) == self.failing
 
     def describe(self) -> str:
-        how = (f"{self.identical}/{self.outputs} failing output(s) bit-identical" if self.identical == self.outputs
-               else f"{self.identical}/{self.outputs} failing output(s) bit-identical, the other "
-                    f"{self.outputs - self.identical} at least {round(1 / EXPLAINED)}x closer than the reference")
-        return f"matches: {self.summary} [{self.variant}]; {how}"
+        named = [f"{s} [{v}]" for v, s in zip(self.variants, self.summaries)]
+        if len(self.variants) == 1:
+            what = f"matches: {named[0]}" if self.full else f"explains {_count(self.outputs, self.failing)}: {named[0]}"
+        else:
+            parts = [f"{n} (alone: {_names(e) or 'none on its own'})" for n, e in zip(named, self.explains)]
+            what = f"two known bugs at once, together explaining {_count(self.outputs, self.failing)}: " + "; and ".join(parts)
+        if self.full:
+            what += f"; every failing output passes its own comparison against the reference with {'this bug' if len(self.variants) == 1 else 'both'}"
+        if self.indistinguishable:
+            what += (f"; this case cannot tell it from {', '.join(f'[{t}]' for t in self.indistinguishable)}, "
+                     "which computes the same here")
+        return what
+
+
+def _names(outputs) -> str:
+    outputs = list(outputs)
+    return ", ".join(outputs[:6]) + (f" and {len(outputs) - 6} more" if len(outputs) > 6 else "")
+
+
+def _count(outputs, failing: int) -> str:
+    return f"{len(outputs)} of {failing} failing output(s) ({_names(outputs)})" if len(outputs) < failing else \
+        f"all {failing} failing output(s)"
 
 
 @dataclass
 class Diagnosis:
     matches: list[Match] = field(default_factory=list)
-    tried: int = 0
+    unexplained: list[str] = field(default_factory=list)  # failing outputs that no variant named explains
+    # (variant, output, bits): a variant that reproduces an output on too little evidence to be named
+    weak: list[tuple[str, str, float]] = field(default_factory=list)
+    tried: int = 0  # re-runs of the reference
     applicable: int = 0
-    seconds: float = 0.0
-    stopped: str = ""  # why variants were left untried ('' when every applicable one ran)
-    at: str = ""  # the first divergent step or stage the outputs were failing from
+    budget: int = 0
+    stopped: str = ""  # why candidates were left untried ('' when every candidate ran)
+    at: str = ""  # the first divergent step or stage
 
     def lines(self) -> list[str]:
         where = f" (from {self.at})" if self.at else ""
         if self.matches:
             lines = [f"diagnosis{where}: {m.describe()}" for m in self.matches]
+            if self.unexplained:
+                lines.append(f"  no known porting bug explains {_names(self.unexplained)}")
         elif not self.applicable:
-            lines = [f"diagnosis: no variant of the catalogue changes this component (docs/diagnosis.md)"]
+            lines = ["diagnosis: no variant of the catalogue changes this component (docs/diagnosis.md)"]
         else:
-            lines = [f"diagnosis{where}: none of the {self.tried} known porting bug(s) tried reproduces these "
-                     "outputs (docs/diagnosis.md)"]
+            lines = [f"diagnosis{where}: none of the {self.applicable} known porting bug(s) that can change this "
+                     "component explains these outputs (docs/diagnosis.md)"]
+        named = {v for m in self.matches for v in m.variants}
+        for variant, output, bits in self.weak:
+            if variant not in named:
+                lines.append(f"  [{variant}] reproduces {output}, but the tied rows it decides hold {bits:.2g} bit(s) of "
+                             f"choice: another tie order matches it by chance 1 time in {2 ** bits:.3g}; not named "
+                             "(docs/diagnosis.md, \"Evidence\")")
         if self.stopped:
             lines.append(f"  diagnosis stopped: {self.stopped}")
         return lines
@@ -76,113 +133,110 @@ def applicable(component: str, params: dict) -> list[Variant]:
     return out
 
 
-def diagnose(component: str, golden: dict[str, torch.Tensor], actual: dict, failing: list[str], params: dict,
-             execute: Callable[[dict], dict | None], budget_s: float, at: str = "") -> Diagnosis:
-    """`execute(params)` runs the reference on the case's inputs (under whatever variant is applied)
-    and returns its outputs (None when it could not); `failing`: the outputs the implementation failed."""
-    start = time.perf_counter()
-    result = Diagnosis(at=at)
+@dataclass
+class _Single:
+    variant: Variant
+    judged: Rejudged
+    explains: frozenset[str]
+    breaks: frozenset[str]
+
+
+def diagnose(component: str, verdicts: dict[str, bool], params: dict, rejudge: Rejudge, budget: int,
+             at: str = "") -> Diagnosis:
+    """`verdicts`: every judged output's verdict (True: passed) under the reference; `rejudge(params)`
+    judges the case again under whatever variant is in force; `budget`: re-runs at most."""
+    result = Diagnosis(at=at, budget=budget)
+    failing = sorted(n for n, ok in verdicts.items() if not ok)
+    passing = frozenset(n for n, ok in verdicts.items() if ok)
     candidates = applicable(component, params)
     result.applicable = len(candidates)
-    judged = [n for n in failing if isinstance(actual.get(n), torch.Tensor)]
-    right = [n for n in golden if n not in failing and _comparable(golden[n], actual.get(n))]
-    if not judged:
-        result.stopped = "no failing output is a tensor to compare"
+    if not failing:
         return result
-    # the reference's distance to each failing output; None where its dtype or shape is not the
-    # reference's (a block size, say): only a variant that reproduces it bit for bit explains it
-    reference = {n: _distance(actual[n], golden[n]) if _comparable(golden.get(n), actual[n]) else None
-                 for n in judged}
-    longest = 0.0
-    for i, v in enumerate(candidates):
-        spent = time.perf_counter() - start
-        if i and spent + longest > budget_s:  # the first variant always runs
-            result.stopped = (f"time budget {budget_s:g} s spent after {i} of {len(candidates)} variant(s) "
-                              "(--diagnosis-budget)")
-            break
-        began = time.perf_counter()
-        outputs = _run_variant(v, params, execute)
-        longest = max(longest, time.perf_counter() - began)
+
+    def run(*variants: Variant, stop_on: frozenset[str] = passing) -> Rejudged | None:
         result.tried += 1
-        if outputs is None:
+        try:
+            with together(variants) as variant_params:
+                return rejudge(variant_params(params), stop_on)
+        except Exception:  # a variant that cannot run on this case explains nothing
+            return None
+
+    singles: list[_Single] = []
+    for i, v in enumerate(candidates):
+        if result.tried >= budget:
+            result.stopped = f"budget of {budget} re-run(s) spent after {i} of {len(candidates)} variant(s) (--diagnosis-budget)"
+            break
+        judged = run(v)
+        if judged is None or not judged.changed:  # changes nothing on this case: no evidence either way
             continue
-        match = _match(v, outputs, actual, golden, judged, right, reference)
-        if match is not None:
-            result.matches.append(match)
-            if match.identical == match.outputs:  # reproduced bit for bit: only its twins are left to try
-                for twin in (t for t in candidates[i + 1:] if t.name in v.twins):
-                    outputs = _run_variant(twin, params, execute)
-                    result.tried += 1
-                    found = None if outputs is None else _match(twin, outputs, actual, golden, judged, right, reference)
-                    if found is not None:
-                        result.matches.append(found)
-                break
-    result.matches.sort(key=lambda m: (-m.identical, -m.explained))
-    result.seconds = round(time.perf_counter() - start, 3)
+        explains = frozenset(n for n in failing if judged.ok.get(n) and _evident(v, n, judged))
+        result.weak += [(v.name, n, round(judged.evidence.get(n, 0.0), 3)) for n in failing
+                        if judged.ok.get(n) and n not in explains]
+        breaks = frozenset(n for n in passing if not judged.ok.get(n, True))
+        singles.append(_Single(v, judged, explains, breaks))
+    causes = [s for s in singles if s.explains and not s.breaks]
+    full = [s for s in causes if len(s.explains) == len(failing)]
+    if full:
+        result.matches = _full_matches(full, len(failing))
+        return result
+    pair = None if result.stopped else _pair(singles, causes, failing, passing, run, budget, result)
+    if pair is not None:
+        result.matches = [pair]
+        return result
+    # what single variants explain: each failing output named once, by its first cause in catalogue order
+    left = set(failing)
+    for s in sorted(causes, key=lambda s: -len(s.explains)):
+        if s.explains & left:
+            result.matches.append(Match((s.variant.name,), (s.variant.summary,), (tuple(sorted(s.explains)),),
+                                        tuple(sorted(s.explains)), len(failing)))
+            left -= s.explains
+    result.unexplained = sorted(left) if result.matches else []
     return result
 
 
-def _run_variant(v: Variant, params: dict, execute: Callable[[dict], dict | None]) -> dict | None:
-    try:
-        if v.params is not None:
-            return execute(v.params(params))
-        with v.apply():
-            return execute(params)
-    except Exception:  # a variant that cannot run on this case explains nothing
-        return None
+def _evident(v: Variant, name: str, judged: Rejudged) -> bool:
+    """Whether a variant's pass of `name` is evidence of it (a tie order decided by too few tied rows
+    matches by chance: `Variant.evidence` bits at least)."""
+    return not v.evidence or judged.evidence.get(name, v.evidence) >= v.evidence
 
 
-def _match(v: Variant, outputs: dict, actual: dict, golden: dict, judged: list[str], right: list[str],
-           reference: dict[str, float]) -> Match | None:
-    identical = explained = 0
-    for name in judged:
-        mine = outputs.get(name)
-        if not _comparable(actual[name], mine):
-            return None
-        if _bits_equal(actual[name], mine):
-            identical += 1
-            explained += 1
+def _full_matches(full: list[_Single], failing: int) -> list[Match]:
+    """One match per distinct computation: variants with one digest on this case are named together."""
+    groups: dict[str, list[_Single]] = {}
+    for s in full:
+        groups.setdefault(s.judged.digest, []).append(s)
+    out = []
+    for group in groups.values():
+        first, *same = group
+        names = tuple(sorted(first.explains))
+        out.append(Match((first.variant.name,), (first.variant.summary,), (names,), names, failing,
+                         tuple(s.variant.name for s in same)))
+    return out
+
+
+def _pair(singles: list[_Single], causes: list[_Single], failing: list[str], passing: frozenset[str], run,
+          budget: int, result: Diagnosis) -> Match | None:
+    """Two variants applied together that explain every failing output and break none that passed:
+    first pairs of partial causes that cover the failures between them, then a cause with a variant
+    that moves what it leaves, then two variants that each move a failing output."""
+    movers = [s for s in singles if not s.breaks and s.judged.changed & set(failing)]
+    want = set(failing)
+    seen: set[tuple[str, str]] = set()
+    ordered = [(a, b) for a, b in itertools.combinations(causes, 2) if a.explains | b.explains == want]
+    ordered += [(a, b) for a in causes for b in movers if b is not a and b.judged.changed & (want - a.explains)]
+    ordered += list(itertools.combinations(movers, 2))
+    for a, b in ordered:
+        key = tuple(sorted((a.variant.name, b.variant.name)))
+        if key in seen:
             continue
-        if reference[name] is not None and _distance(actual[name], mine) <= EXPLAINED * reference[name]:
-            explained += 1
-        else:
+        seen.add(key)
+        if result.tried >= budget:
+            result.stopped = f"budget of {budget} re-run(s) spent trying pairs of variants (--diagnosis-budget)"
             return None
-    for name in right:  # what the implementation got right must stay right under the variant
-        mine = outputs.get(name)
-        if not _comparable(actual[name], mine):
-            return None
-        if _distance(actual[name], mine) > 2 * _distance(actual[name], golden[name]) + _floor(golden[name]):
-            return None
-    return Match(v.name, v.summary, identical, explained, len(judged))
-
-
-def _comparable(a, b) -> bool:
-    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
-
-
-def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.dtype.is_floating_point:
-        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        return torch.equal(a.contiguous().view(width), b.contiguous().view(width))
-    return torch.equal(a, b)
-
-
-def _distance(a: torch.Tensor, b: torch.Tensor) -> float:
-    """L2 distance of float tensors (a NaN or inf where the other side differs: infinite); the number of
-    differing elements otherwise."""
-    if not a.dtype.is_floating_point:
-        return float((a != b).sum())
-    x, y = a.double(), b.double()
-    same = (x == y) | (torch.isnan(x) & torch.isnan(y))
-    finite = torch.isfinite(x) & torch.isfinite(y)
-    if bool((~same & ~finite).any()):
-        return float("inf")
-    return float(torch.where(same, 0.0, x - y).norm())
-
-
-def _floor(t: torch.Tensor) -> float:
-    """A tiny slack for outputs that were right: 2^-20 of the output's norm (floats), none for ids."""
-    if not t.dtype.is_floating_point:
-        return 0.0
-    v = t.double()
-    return float(torch.where(torch.isfinite(v), v, 0.0).norm()) * 2.0 ** -20
+        judged = run(a.variant, b.variant, stop_on=passing | want)
+        if judged is None:
+            continue
+        if all(judged.ok.get(n) for n in failing) and all(judged.ok.get(n, True) for n in passing):
+            return Match((a.variant.name, b.variant.name), (a.variant.summary, b.variant.summary),
+                         (tuple(sorted(a.explains)), tuple(sorted(b.explains))), tuple(failing), len(failing))
+    return None

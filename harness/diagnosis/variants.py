@@ -32,6 +32,11 @@ SCORE_USERS = ("indexer.scores", "indexer", "attention")
 SELECT_USERS = ("indexer.select", "indexer", "candidates.select", "attention", "topk.*")
 
 
+# A tie order is named only where the tied rows it decides could have come out so by chance at most
+# once in 16 (docs/diagnosis.md, "Evidence").
+TIE_EVIDENCE_BITS = 4.0
+
+
 @dataclass(frozen=True)
 class Variant:
     name: str  # short, stable: "rmsnorm-bf16-before-weight"
@@ -40,7 +45,30 @@ class Variant:
     components: tuple[str, ...]  # fnmatch patterns of the components it can change
     apply: Callable[[], ContextManager] = contextlib.nullcontext  # the deviation, for a `with`
     params: Callable[[dict], dict | None] | None = None  # or instead: the case's params it flips (None: n/a)
-    twins: tuple[str, ...] = ()  # later variants that are the same arithmetic on some shapes: tried after a match
+    twins: tuple[str, ...] = ()  # variants that are the same arithmetic on some shapes (named together there)
+    # Bits of evidence a pass under this variant needs (0: a pass is evidence enough). A tie order
+    # matches one tied row by chance: it is named only where the tied rows it decides hold at least
+    # this many bits of choice (log2 of the ways to pick the tied ids), i.e. a chance of 2^-evidence.
+    evidence: float = 0.0
+
+
+@contextlib.contextmanager
+def together(variants) -> Iterator[Callable[[dict], dict]]:
+    """Every variant of `variants` in force at once; yields what they make of a case's params."""
+    with contextlib.ExitStack() as stack:
+        flips = []
+        for v in variants:
+            if v.params is not None:
+                flips.append(v.params)
+            else:
+                stack.enter_context(v.apply())
+
+        def params(p: dict) -> dict:
+            for flip in flips:
+                p = flip(p)
+            return p
+
+        yield params
 
 
 def _wrap(target: str, around: Callable[[Any], Callable]) -> Callable[[], ContextManager]:
@@ -77,6 +105,29 @@ def _norm_eps_times(factor: float):
         return rms_norm
 
     return make
+
+
+def _norm_bf16_throughout(original):
+    """RMSNorm on bf16 tensors: every op's result rounded to bf16 (squares, their mean, + eps, rsqrt,
+    x * rsqrt, * weight), as `x.pow(2).mean(-1)` and `torch.rsqrt` compute on a bf16 x."""
+    from ..reference.numerics import to_bf16
+
+    def rms_norm(x, weight, eps=1e-20):
+        original(x, weight, eps)  # its shape checks
+        b = lambda t: to_bf16(t).double()  # noqa: E731
+        xb = b(x.double())
+        var = b(b(xb * xb).mean(-1, keepdim=True))
+        inv = b(1.0 / torch.sqrt(b(var + eps)))
+        return to_bf16(b(xb * inv) * b(weight.double())).to(x.dtype)
+
+    return rms_norm
+
+
+def _norm_output_bf16(original):
+    def rms_norm(x, weight, eps=1e-20):
+        return original(x, weight, eps).to(torch.bfloat16).to(x.dtype)  # bf16 precision whatever x's dtype
+
+    return rms_norm
 
 
 # --- RoPE --------------------------------------------------------------------------------------
@@ -122,7 +173,22 @@ def _yarn_betas_swapped(original):
     return yarn_correction_range
 
 
+def _yarn_no_ramp(original):
+    def yarn_correction_range(dim, base, original_seq_len, beta_fast, beta_slow):
+        original(dim, base, original_seq_len, beta_fast, beta_slow)
+        return -1, -1  # ramp = 1 for every pair: every frequency divided by the factor
+
+    return yarn_correction_range
+
+
 # --- quantisers --------------------------------------------------------------------------------
+
+
+def _e2m1_zero_input_sign_lost(original):
+    def e2m1_round(v):
+        return torch.where(v == 0, torch.zeros_like(v), original(v))  # sign(v) * table[i]: sign(-0) is 0
+
+    return e2m1_round
 
 
 def _e2m1_sign_lost(original):
@@ -155,6 +221,27 @@ def _fp8_blocks(block: int):
         return fp8_qdq_ue8m0
 
     return make
+
+
+def _fp8_no_floor(original):
+    """act_quant with no amax floor: an all-zero block gets the scale 0 (pow2_ceil on the bits of 0),
+    so 0 / 0 writes NaN codes and NaN values; other blocks as with the floor."""
+
+    def fp8_qdq_ue8m0(x, b=32):
+        q = original(x, b)
+        zero = x.float().unflatten(-1, (-1, b)).abs().amax(-1) == 0  # [..., nb]: all-zero blocks
+        if not bool(zero.any()):
+            return q
+        nan = torch.tensor(float("nan"))
+        codes = q.codes.unflatten(-1, (-1, b)).clone()
+        codes[zero] = nan.to(torch.float8_e4m3fn).view(torch.uint8)
+        y = q.y.unflatten(-1, (-1, b)).clone()
+        y[zero] = nan.to(torch.bfloat16)
+        scales = torch.where(zero, torch.zeros_like(q.scales), q.scales)
+        scale_bytes = torch.where(zero, torch.zeros_like(q.scale_bytes), q.scale_bytes)
+        return type(q)(y.flatten(-2), codes.flatten(-2), scale_bytes, scales)
+
+    return fp8_qdq_ue8m0
 
 
 def _e2m1_ties_away(original):
@@ -291,6 +378,24 @@ def _gate_softmax_over_channels(original):
     return pool_group
 
 
+def _logits_bf16(original):
+    """The attention logits as `matmul(q, k.T) * scale` on bf16 tensors (each rounded to bf16), then
+    one fp32 softmax with the sink, P @ V in fp32, o rounded to bf16."""
+    from ..reference.sparse_attn import _gather
+    from ..reference.numerics import to_bf16
+
+    def sparse_attn(q, kv, attn_sink, topk_idxs, softmax_scale):
+        original(q[:, :0], kv, attn_sink, topk_idxs[:, :0], softmax_scale)  # its checks, on no rows
+        rows, present = _gather(kv, topk_idxs, torch.float64)  # [b,m,K,d]
+        dots = to_bf16(torch.einsum("bmhd,bmkd->bmhk", q.double(), rows)).double()
+        s = to_bf16(dots * softmax_scale).float().masked_fill(~present.unsqueeze(2), float("-inf"))
+        sink = attn_sink.float().view(1, 1, -1).expand(s.shape[:-1]).unsqueeze(-1)
+        p = torch.softmax(torch.cat([s, sink], dim=-1).double(), dim=-1)[..., :-1]
+        return torch.einsum("bmhk,bmkd->bmhd", p, rows).to(torch.bfloat16)
+
+    return sparse_attn
+
+
 def _sink_scaled(original):
     def sparse_attn(q, kv, attn_sink, topk_idxs, softmax_scale):
         return original(q, kv, attn_sink * softmax_scale, topk_idxs, softmax_scale)
@@ -326,6 +431,12 @@ VARIANTS: tuple[Variant, ...] = (
             _wrap(f"{NUMERICS}:rms_norm", _norm_bf16_before_weight)),
     Variant("rmsnorm-eps", "RMSNorm with 10x the model's eps", "numerics.rms_norm: eps * 10", NORM_USERS,
             _wrap(f"{NUMERICS}:rms_norm", _norm_eps_times(10.0))),
+    Variant("rmsnorm-bf16-throughout", "RMSNorm computed on bf16 tensors throughout: squares, their mean, rsqrt "
+            "and both products each rounded to bf16 (upstream: fp32 inside, one rounding)",
+            "numerics.rms_norm: every op in bf16", NORM_USERS, _wrap(f"{NUMERICS}:rms_norm", _norm_bf16_throughout)),
+    Variant("rmsnorm-output-bf16", "RMSNorm output rounded to bf16 whatever the input's dtype (an fp32 input "
+            "gets bf16 precision back)", "numerics.rms_norm: result through bf16", ("norm.rms",),
+            _wrap(f"{NUMERICS}:rms_norm", _norm_output_bf16)),
     Variant("rope-bf16-table", "RoPE with cos/sin rounded to bf16 before the rotation",
             "rope.apply_rotary: the fp32 table rounded to bf16", ROPE_USERS, _wrap(f"{ROPE}:apply_rotary", _rope_bf16_table)),
     Variant("rope-halves", "RoPE pairs channels (j, j + rope_dim/2) (rotate_half) where upstream pairs (2i, 2i + 1)",
@@ -335,9 +446,16 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("yarn-betas-swapped", "YaRN ramp with beta_fast and beta_slow swapped",
             "rope.yarn_correction_range: the betas' order", TABLE_USERS,
             _wrap(f"{ROPE}:yarn_correction_range", _yarn_betas_swapped)),
+    Variant("yarn-no-ramp", "YaRN without its ramp: every frequency divided by the factor (upstream keeps the "
+            "high frequencies and blends between beta_fast and beta_slow)", "rope.yarn_correction_range: ramp 1 "
+            "everywhere", TABLE_USERS, _wrap(f"{ROPE}:yarn_correction_range", _yarn_no_ramp)),
     Variant("e2m1-minus-zero-lost", "fp4 (e2m1) rounding turns -0 into +0 (sign(v) * table[i], or a dequantisation "
             "table with +0 at the code of -0)", "numerics.e2m1_round: the sign of zero", E2M1_USERS,
             _wrap(f"{NUMERICS}:e2m1_round", _e2m1_sign_lost)),
+    Variant("e2m1-zero-input-sign-lost", "fp4 (e2m1) rounding gives +0 where its input is exactly -0, and keeps "
+            "-0 where a negative value rounds to zero (sign(v) * table[i]: sign(-0) is 0)",
+            "numerics.e2m1_round: +0 at a zero input", E2M1_USERS,
+            _wrap(f"{NUMERICS}:e2m1_round", _e2m1_zero_input_sign_lost)),
     Variant("e2m1-ties-away", "fp4 (e2m1) rounding with ties away from zero instead of to the even code",
             "numerics.e2m1_round: tie rule", E2M1_USERS, _wrap(f"{NUMERICS}:e2m1_round", _e2m1_ties_away)),
     Variant("pow2-scale-floor", "power-of-two scales rounded down (floor) instead of up (ceil)",
@@ -349,6 +467,9 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("fp8-no-amax-floor", "fp8 quantisation without the amax floor of 1e-4 (tiny blocks get tiny scales)",
             "numerics.FP8_AMAX_FLOOR: 448 * 2^-126", FP8_USERS,
             lambda: constant(f"{NUMERICS}:FP8_AMAX_FLOOR", 448.0 * 2.0 ** -126)),
+    Variant("fp8-no-amax-floor-at-all", "fp8 quantisation with no amax floor at all: an all-zero block gets the "
+            "scale 0, and 0 / 0 writes NaN codes and values", "numerics.fp8_qdq_ue8m0: zero blocks NaN", FP8_USERS,
+            _wrap(f"{NUMERICS}:fp8_qdq_ue8m0", _fp8_no_floor)),
     Variant("fp4-e4m3-as-pow2-blocks-32", "compressed-KV fp4 in blocks of 32 with power-of-two scales where "
             "upstream uses blocks of 16 with e4m3 scales", "numerics.fp4_qdq_e4m3: fp4_qdq_e8m0 block 32",
             FP4_E4M3_USERS, _wrap(f"{NUMERICS}:fp4_qdq_e4m3", _fp4_e4m3_as_pow2_blocks32)),
@@ -375,7 +496,7 @@ VARIANTS: tuple[Variant, ...] = (
             _wrap(f"{INDEXER}:_scores_and_terms", _scores(weights=False))),
     Variant("topk-lowest-index-ties", "top-k breaking ties by the lowest index (a stable sort, CUDA-like or "
             "argpartition) instead of torch's CPU order", "topk.torch_cpu_topk: stable order", SELECT_USERS,
-            _wrap(f"{REF}.topk:torch_cpu_topk", _lowest_index_topk)),
+            _wrap(f"{REF}.topk:torch_cpu_topk", _lowest_index_topk), evidence=TIE_EVIDENCE_BITS),
     Variant("candidate-blocks-zero-padding", "candidate blocks padded with 0 instead of -inf past the last row",
             "candidates.select_candidate_blocks: padding value", ("candidates.select", "attention"),
             _wrap(f"{REF}.candidates:select_candidate_blocks", _blocks_padded_with_zero)),
@@ -387,6 +508,9 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("gate-softmax-over-channels", "the compressor's gate softmax taken over the channels instead of over "
             "the group's positions", "compressor.pool_group: softmax axis", ("compressor", "attention"),
             _wrap(f"{REF}.compressor:pool_group", _gate_softmax_over_channels)),
+    Variant("attention-logits-bf16", "attention logits computed on bf16 tensors (matmul(q, k.T) * scale, each "
+            "rounded to bf16) where upstream keeps the fp32 dot products", "sparse_attn.sparse_attn: bf16 logits",
+            ("sparse_attn", "attention"), _wrap(f"{REF}.sparse_attn:sparse_attn", _logits_bf16)),
     Variant("sink-left-out", "sparse attention without the sink in the softmax denominator",
             "sparse_attn.sparse_attn: sink -inf", ("sparse_attn", "attention"),
             _wrap(f"{REF}.sparse_attn:sparse_attn", _sink_left_out)),
