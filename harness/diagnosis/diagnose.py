@@ -200,6 +200,12 @@ def _evident(v: Variant, name: str, judged: Rejudged) -> bool:
     return not v.evidence or judged.evidence.get(name, v.evidence) >= v.evidence
 
 
+def _evident_pair(a: _Single, b: _Single, failing: list[str], judged: Rejudged) -> bool:
+    """Whether what each variant of a pair adds to its partner is evidence of it (`_evident`)."""
+    return all(_evident(x.variant, n, judged) for x, other in ((a, b), (b, a)) for n in failing
+               if n not in other.explains)
+
+
 def _full_matches(full: list[_Single], failing: int) -> list[Match]:
     """One match per distinct computation: variants with one digest on this case are named together."""
     groups: dict[str, list[_Single]] = {}
@@ -236,7 +242,8 @@ def _pair(singles: list[_Single], causes: list[_Single], failing: list[str], pas
         judged = run(a.variant, b.variant, stop_on=passing | want)
         if judged is None:
             continue
-        if all(judged.ok.get(n) for n in failing) and all(judged.ok.get(n, True) for n in passing):
+        if all(judged.ok.get(n) for n in failing) and all(judged.ok.get(n, True) for n in passing) and \
+                _evident_pair(a, b, failing, judged):
             return Match((a.variant.name, b.variant.name), (a.variant.summary, b.variant.summary),
                          (tuple(sorted(a.explains)), tuple(sorted(b.explains))), tuple(failing), len(failing))
     return None

@@ -108,8 +108,9 @@ def _norm_eps_times(factor: float):
 
 
 def _norm_bf16_throughout(original):
-    """RMSNorm on bf16 tensors: every op's result rounded to bf16 (squares, their mean, + eps, rsqrt,
-    x * rsqrt, * weight), as `x.pow(2).mean(-1)` and `torch.rsqrt` compute on a bf16 x."""
+    """RMSNorm on bf16 tensors: every op's result rounded to bf16 (squares, their mean, + eps with eps a
+    bf16 constant, rsqrt, x * rsqrt, * weight), as torch computes `x.pow(2).mean(-1) + eps` and
+    `torch.rsqrt` on a bf16 x."""
     from ..reference.numerics import to_bf16
 
     def rms_norm(x, weight, eps=1e-20):
@@ -117,7 +118,7 @@ def _norm_bf16_throughout(original):
         b = lambda t: to_bf16(t).double()  # noqa: E731
         xb = b(x.double())
         var = b(b(xb * xb).mean(-1, keepdim=True))
-        inv = b(1.0 / torch.sqrt(b(var + eps)))
+        inv = b(1.0 / torch.sqrt(b(var + b(torch.tensor(eps, dtype=torch.float64)))))
         return to_bf16(b(xb * inv) * b(weight.double())).to(x.dtype)
 
     return rms_norm
@@ -232,11 +233,11 @@ def _fp8_no_floor(original):
         zero = x.float().unflatten(-1, (-1, b)).abs().amax(-1) == 0  # [..., nb]: all-zero blocks
         if not bool(zero.any()):
             return q
-        nan = torch.tensor(float("nan"))
+        nan = torch.zeros(()) / torch.zeros(())  # the NaN a division 0 / 0 gives (its sign is the machine's)
         codes = q.codes.unflatten(-1, (-1, b)).clone()
         codes[zero] = nan.to(torch.float8_e4m3fn).view(torch.uint8)
         y = q.y.unflatten(-1, (-1, b)).clone()
-        y[zero] = nan.to(torch.bfloat16)
+        y[zero] = (codes[zero].view(torch.float8_e4m3fn).float() * 0.0).to(torch.bfloat16)  # y = q * s, s = 0
         scales = torch.where(zero, torch.zeros_like(q.scales), q.scales)
         scale_bytes = torch.where(zero, torch.zeros_like(q.scale_bytes), q.scale_bytes)
         return type(q)(y.flatten(-2), codes.flatten(-2), scale_bytes, scales)
@@ -295,22 +296,27 @@ def _no_act_quant(original):
 # --- index scores ------------------------------------------------------------------------------
 
 
-def _scores(relu: bool = True, weights: bool = True, rounded: bool = True):
-    """`_scores_and_terms` with one of its steps changed: ReLU, head weights, or bf16 rounding."""
+def _scores(**change: bool):
+    """`_scores_and_terms` with steps changed (`relu`, `weights`, `rounded`: False leaves the step out).
+    Two such variants in force together compose: each keeps the other's changes."""
 
     def make(original):
+        flags = {"relu": True, "weights": True, "rounded": True, **getattr(original, "flags", {}), **change}
+        reference = getattr(original, "reference", original)
+
         def scores_and_terms(q, k, w, with_terms):
-            terms = original(q, k, w, True)[1] if with_terms else None  # the term scales stay the reference's
+            terms = reference(q, k, w, True)[1] if with_terms else None  # the term scales stay the reference's
             dots = torch.einsum("bshd,btd->bsht", q.double(), k.double())
             s = dots.float()
-            s = s.to(torch.bfloat16).float() if rounded else s
-            s = s.relu() if relu else s
-            ww = w.float()[..., None] if weights else torch.ones_like(w.float())[..., None]
+            s = s.to(torch.bfloat16).float() if flags["rounded"] else s
+            s = s.relu() if flags["relu"] else s
+            ww = w.float()[..., None] if flags["weights"] else torch.ones_like(w.float())[..., None]
             p = s * ww
-            p = p.to(torch.bfloat16).float() if rounded else p
+            p = p.to(torch.bfloat16).float() if flags["rounded"] else p
             total = p.double().sum(dim=2).float()
             return (total.to(torch.bfloat16) + 0.0), terms
 
+        scores_and_terms.flags, scores_and_terms.reference = flags, reference
         return scores_and_terms
 
     return make
@@ -449,8 +455,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("yarn-no-ramp", "YaRN without its ramp: every frequency divided by the factor (upstream keeps the "
             "high frequencies and blends between beta_fast and beta_slow)", "rope.yarn_correction_range: ramp 1 "
             "everywhere", TABLE_USERS, _wrap(f"{ROPE}:yarn_correction_range", _yarn_no_ramp)),
-    Variant("e2m1-minus-zero-lost", "fp4 (e2m1) rounding turns -0 into +0 (sign(v) * table[i], or a dequantisation "
-            "table with +0 at the code of -0)", "numerics.e2m1_round: the sign of zero", E2M1_USERS,
+    Variant("e2m1-minus-zero-lost", "fp4 (e2m1) rounding turns every -0 into +0 (a dequantisation table with +0 at "
+            "the code of -0)", "numerics.e2m1_round: the sign of zero", E2M1_USERS,
             _wrap(f"{NUMERICS}:e2m1_round", _e2m1_sign_lost)),
     Variant("e2m1-zero-input-sign-lost", "fp4 (e2m1) rounding gives +0 where its input is exactly -0, and keeps "
             "-0 where a negative value rounds to zero (sign(v) * table[i]: sign(-0) is 0)",
