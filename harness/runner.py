@@ -150,9 +150,16 @@ def _diagnose(component: Component, golden: Golden, actual: dict, params: dict, 
     def rejudge(variant_params: dict, stop_on: frozenset[str]):
         return rejudged(component, golden, actual, variant_params, config, impl_conf, stop_on)
 
+    screen = None
+    step, schedule = result.first_divergent_step, params.get("schedule")
+    if step is not None and isinstance(schedule, list) and step + 2 < len(schedule):
+        def screen(variant_params: dict, stop_on: frozenset[str]):  # noqa: E306
+            return rejudged(component, golden, actual, variant_params, config, impl_conf, stop_on, upto=step)
+
     at = result.first_divergent_stage or (f"step {result.first_divergent_step}"
                                           if result.first_divergent_step is not None else "")
-    found = diagnose(component.name, verdicts, params, rejudge, config.diagnosis_budget, at)
+    found = diagnose(component.name, verdicts, params, rejudge, config.diagnosis_budget, at, screen,
+                     screen_cost=(step + 2) / len(schedule) if screen is not None else 1.0)
     result.diagnosis = found.to_json()
     lines = result.message.splitlines()
     head = 0
@@ -171,16 +178,25 @@ class _Stopped(Exception):
 
 
 def rejudged(component: Component, golden: Golden, actual: dict, params: dict, config: Config, impl_conf: dict,
-             stop_on: frozenset[str] = frozenset()):
+             stop_on: frozenset[str] = frozenset(), upto: int | None = None):
     """The implementation's outputs judged again, exactly as `_judge` judges them, against the reference
     re-run now on the case's inputs (under whatever variant of a reference function is in force: the
-    diagnosis), stopping at the first failing output of `stop_on`. None when the re-run does not give
-    the golden's outputs (another schedule's, say)."""
+    diagnosis), stopping at the first failing output of `stop_on`. With `upto`, a schedule's first
+    steps only: re-run up to step upto + 1 (so step `upto`'s state is computed with the next step's
+    start, as the golden was made) and the verdicts of steps up to `upto` returned. None when the
+    re-run does not give the golden's outputs (another schedule's, say)."""
     import hashlib
 
     from .diagnosis import Rejudged
     from .index_verdict import tie_choice_bits
 
+    if upto is not None:
+        params = {**params, "schedule": params["schedule"][: upto + 2]}
+        within = lambda name: (step_of(name) or 0) <= upto + 1  # noqa: E731
+        golden = dataclasses.replace(golden, outputs={n: v for n, v in golden.outputs.items() if within(n)},
+                                     aux={n: v for n, v in golden.aux.items() if within(n)})
+        actual = {n: v for n, v in actual.items() if within(n)}
+        stop_on = frozenset(n for n in stop_on if (step_of(n) or 0) <= upto)  # step upto + 1 is not judged
     outputs, aux = component.reference_golden({k: v.clone() for k, v in golden.inputs.items()}, params)
     if set(outputs) != set(golden.outputs):
         return None
@@ -210,7 +226,8 @@ def rejudged(component: Component, golden: Golden, actual: dict, params: dict, c
         stages = _verdicts(component, again, judged, params, config, impl_conf, scratch, stop_on)
     except _Stopped as stopped:
         return Rejudged({stopped.name: False}, frozenset(changed), digest.hexdigest(), evidence, complete=False)
-    return Rejudged({s.name: bool(s.verdict.ok) for s in stages}, frozenset(changed), digest.hexdigest(), evidence)
+    ok = {s.name: bool(s.verdict.ok) for s in stages if upto is None or (step_of(s.name) or 0) <= upto}
+    return Rejudged(ok, frozenset(changed), digest.hexdigest(), evidence)
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

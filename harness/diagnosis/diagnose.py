@@ -91,7 +91,8 @@ class Diagnosis:
     unexplained: list[str] = field(default_factory=list)  # failing outputs that no variant named explains
     # (variant, output, bits): a variant that reproduces an output on too little evidence to be named
     weak: list[tuple[str, str, float]] = field(default_factory=list)
-    tried: int = 0  # re-runs of the reference
+    tried: int = 0  # re-runs of the reference (screens of a schedule's first steps included)
+    spent: float = 0.0  # what they cost, in re-runs of the whole case (a screen costs its share of the steps)
     applicable: int = 0
     budget: int = 0
     stopped: str = ""  # why candidates were left untried ('' when every candidate ran)
@@ -142,9 +143,12 @@ class _Single:
 
 
 def diagnose(component: str, verdicts: dict[str, bool], params: dict, rejudge: Rejudge, budget: int,
-             at: str = "") -> Diagnosis:
-    """`verdicts`: every judged output's verdict (True: passed) under the reference; `rejudge(params)`
-    judges the case again under whatever variant is in force; `budget`: re-runs at most."""
+             at: str = "", screen: Rejudge | None = None, screen_cost: float = 1.0) -> Diagnosis:
+    """`verdicts`: every judged output's verdict (True: passed) under the reference; `rejudge(params,
+    stop_on)` judges the case again under whatever variant is in force; `budget`: re-runs at most.
+    `screen`, for a long schedule: the same on its first steps only (up to the first divergent one),
+    `screen_cost` of a whole re-run; a variant under which an output you got right there fails is
+    dropped before its whole schedule is re-run (it could be named for nothing)."""
     result = Diagnosis(at=at, budget=budget)
     failing = sorted(n for n, ok in verdicts.items() if not ok)
     passing = frozenset(n for n, ok in verdicts.items() if ok)
@@ -153,19 +157,25 @@ def diagnose(component: str, verdicts: dict[str, bool], params: dict, rejudge: R
     if not failing:
         return result
 
-    def run(*variants: Variant, stop_on: frozenset[str] = passing) -> Rejudged | None:
+    def run(*variants: Variant, stop_on: frozenset[str] = passing, judge: Rejudge = rejudge,
+            cost: float = 1.0) -> Rejudged | None:
         result.tried += 1
+        result.spent = round(result.spent + cost, 6)
         try:
             with together(variants) as variant_params:
-                return rejudge(variant_params(params), stop_on)
+                return judge(variant_params(params), stop_on)
         except Exception:  # a variant that cannot run on this case explains nothing
             return None
 
     singles: list[_Single] = []
     for i, v in enumerate(candidates):
-        if result.tried >= budget:
+        if result.spent + (screen_cost if screen is not None else 0.0) + 1 > budget:
             result.stopped = f"budget of {budget} re-run(s) spent after {i} of {len(candidates)} variant(s) (--diagnosis-budget)"
             break
+        if screen is not None:
+            first = run(v, judge=screen, cost=screen_cost)
+            if first is not None and any(not ok for n, ok in first.ok.items() if n in passing):
+                continue  # fails an output you got right early on: no cause, no partner of one
         judged = run(v)
         if judged is None or not judged.changed:  # changes nothing on this case: no evidence either way
             continue
@@ -236,7 +246,7 @@ def _pair(singles: list[_Single], causes: list[_Single], failing: list[str], pas
         if key in seen:
             continue
         seen.add(key)
-        if result.tried >= budget:
+        if result.spent + 1 > budget:
             result.stopped = f"budget of {budget} re-run(s) spent trying pairs of variants (--diagnosis-budget)"
             return None
         judged = run(a.variant, b.variant, stop_on=passing | want)
