@@ -273,20 +273,28 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     else:
         scale = float(torch.where(finite, e.abs(), torch.zeros_like(e)).max()) if e.numel() else 0.0
     argument_allowance = _argument_allowance(expected, policy, context)
-    own = policy.ulps * ulp + policy.atol + policy.atol_rel * scale + argument_allowance
+    accumulation = _accumulation_allowance(name, expected, policy, context)
+    own = policy.ulps * ulp + policy.atol + policy.atol_rel * scale + argument_allowance + accumulation
     bound = own + _term_allowance(expected, policy, context)
     over = diff > bound if finite is None else finite & (diff > bound)
+    precise = _as_precise(name, e, a, ulp, context)
+    if precise is not None:
+        over &= ~precise
     over_count = int(over.sum())
     # Elements inside the bound only thanks to the term allowance: one intermediate term rounded
     # the other way. Counted (and shown in every report) like the quantisers' boundary flips.
     term_flips = int(((diff > own) & ~over).sum()) if policy.terms and policy.term_ulps else 0
     ref_norm = float((e if finite is None else torch.where(finite, e, torch.zeros_like(e))).norm())
-    # rel L2 judges the error the argument's rounding does not explain: at large angles one fp32
-    # ulp of the argument is a large step of cos and sin for every correct implementation alike.
-    beyond = diff if isinstance(argument_allowance, float) and argument_allowance == 0.0 else \
-        (diff - argument_allowance).clamp_min(0.0)
+    # rel L2 judges the error the argument's rounding and the hardware's accumulation do not explain:
+    # at large angles one fp32 ulp of the argument is a large step of cos and sin for every correct
+    # implementation alike, and a cancelling fp8 dot product loses relative precision on every GPU.
+    explained = argument_allowance + accumulation
+    beyond = diff if isinstance(explained, float) and explained == 0.0 else (diff - explained).clamp_min(0.0)
+    if finite is not None and not isinstance(explained, float):
+        beyond = torch.where(finite, beyond, torch.zeros_like(beyond))
     err_norm = float(beyond.norm())
     rel_l2 = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
+    precision = _precision(name, e, a, finite, context)
     max_ulps = float(ulps.max()) if ulps.numel() else 0.0
     counted = expected.numel() if finite is None else int(finite.sum())
     differing = int((diff > 0).sum()) + mask_failures
@@ -312,12 +320,30 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
         "ulps_headroom": (max_ulps / policy.ulps) if policy.ulps and not mask_failures else None,
         "rel_l2_headroom": (rel_l2 / policy.rel_l2) if policy.rel_l2 and not mask_failures else None,
     }
+    flips, flip_energy = _expected_flips(accumulation, ulp, finite)
+    allowed_rel_l2 = policy.rel_l2
+    if not isinstance(accumulation, float):
+        metrics["accumulation_used"] = float((accumulation / torch.as_tensor(bound).clamp_min(1e-300)).max())
+        metrics["accumulation_flips"] = round(flips, 2)
+        if ref_norm > 0:  # the error the model's expected rounding flips carry, on top of the policy's
+            allowed_rel_l2 = math.sqrt(policy.rel_l2 ** 2 + FLIP_MARGIN * flip_energy / ref_norm ** 2)
+            metrics["rel_l2_allowed"] = allowed_rel_l2
+            if not mask_failures:
+                metrics["rel_l2_headroom"] = rel_l2 / allowed_rel_l2
+    if precision is not None:  # the global bound is the reference's own distance from the exact value
+        metrics.update(precision)
+        if not mask_failures:
+            metrics["rel_l2_headroom"] = precision["exact_ratio"] / PRECISION_MARGIN
     signed = signed_zeros(expected, actual)
     n_signed = int(signed.sum())
     if n_signed:
         metrics["signed_zeros"] = n_signed
-    ok = (mask_failures == 0 and over_count == 0 and rel_l2 <= policy.rel_l2
-          and differing_allowed(differing, counted + mask_failures, policy)
+    if rel_l2 is None:  # nothing finite on both sides: the masks decide
+        global_ok = False
+    else:
+        global_ok = precision["exact_ratio"] <= PRECISION_MARGIN if precision is not None else rel_l2 <= allowed_rel_l2
+    ok = (mask_failures == 0 and over_count == 0 and global_ok
+          and differing_allowed(differing, counted + mask_failures, policy, flips)
           and (policy.accept_signed_zeros or not n_signed))
     if term_flips and ok:  # an accepted difference only where the output passes
         metrics["boundary_flips"] = term_flips
@@ -342,14 +368,19 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     if n_signed and not policy.accept_signed_zeros:
         header.append(f"  {n_signed} element(s) differ in the sign of a zero (strict_signed_zeros)")
     header.append(_error_summary(e, ulps, ulp, max_ulps, max_abs, rel_l2, diff_fraction, counted, mask_failures,
-                                 policy, policy.atol + policy.atol_rel * scale))
+                                 policy, policy.atol + policy.atol_rel * scale, precision, flips, allowed_rel_l2))
+    if not isinstance(accumulation, float):
+        header.append(f"  the allowance includes 2^{1 - policy.accumulator_bits:g} x the magnitude of the fp8 GEMM terms "
+                      f"behind each element (a {policy.accumulator_bits:g}-bit tensor-core accumulator: "
+                      "accumulator_bits; docs/verdicts.md, \"GPU arithmetic\")")
     if over_count:
         header += _value_table(expected, actual, over)
     return OutputVerdict(name, False, "\n".join(header + lines), metrics)
 
 
 def _error_summary(e: torch.Tensor, ulps: torch.Tensor, ulp: torch.Tensor, max_ulps, max_abs, rel_l2,
-                   diff_fraction: float, counted: int, mask_failures: int, policy: Policy, floor: float) -> str:
+                   diff_fraction: float, counted: int, mask_failures: int, policy: Policy, floor: float,
+                   precision: dict | None = None, flips: float = 0.0, allowed_rel_l2: float | None = None) -> str:
     """The failing output's error line, each figure with its allowance in the unit it is compared in."""
     if mask_failures and not counted:
         return "  no element is finite on both sides: no error to measure (see the positions above)"
@@ -360,11 +391,18 @@ def _error_summary(e: torch.Tensor, ulps: torch.Tensor, ulp: torch.Tensor, max_u
         if abs(value) <= floor:  # ulps of a value near zero say little: its bound is the absolute floor
             worst += (f" (at an expected {value:.3g}, inside the absolute allowance {floor:.3g}: "
                       f"ulps of a value near zero are tiny)")
-    rel = f"rel L2 {rel_l2:.3g} (allowed {policy.rel_l2:g})"
+    allowed = policy.rel_l2 if allowed_rel_l2 is None else allowed_rel_l2
+    rel = f"rel L2 {rel_l2:.3g} (allowed {allowed:.3g}" + (" with the accumulator model's rounding flips)"
+                                                          if allowed != policy.rel_l2 else ")")
+    if precision is not None:
+        rel = (f"L2 distance from the exact value {precision['exact_l2']:.3g}, {precision['exact_ratio']:.3g}x the "
+               f"reference's own {precision['reference_l2']:.3g} (allowed {PRECISION_MARGIN:g}x: no less precise than "
+               "the reference)")
     over = f" over the {counted} element(s) finite on both sides" if mask_failures else ""
     share = f"{100 * diff_fraction:.3g}% of elements differ"
     if policy.max_diff_fraction < 1:
-        share += f" (allowed {100 * policy.max_diff_fraction:.3g}% of >= {FRACTION_BASE})"
+        share += f" (allowed {100 * policy.max_diff_fraction:.3g}% of >= {FRACTION_BASE}"
+        share += f", plus {flips:.3g} rounding flips the accumulator model expects)" if flips else ")"
     return f"  {worst}, max |diff| {max_abs:.3g}, {rel}{over}; {share}"
 
 
@@ -374,11 +412,80 @@ def _error_summary(e: torch.Tensor, ulps: torch.Tensor, ulp: torch.Tensor, max_u
 FRACTION_BASE = 256
 
 
-def differing_allowed(differing: int, numel: int, policy: Policy) -> bool:
-    """Whether `differing` elements of `numel` are within the policy's `max_diff_fraction`."""
+def differing_allowed(differing: int, numel: int, policy: Policy, flips: float = 0.0) -> bool:
+    """Whether `differing` elements of `numel` are within the policy's `max_diff_fraction`, plus the
+    rounding flips the accumulator model expects (`_expected_flips`)."""
     if policy.max_diff_fraction >= 1.0:
         return True
-    return differing <= policy.max_diff_fraction * max(numel, FRACTION_BASE)
+    return differing <= policy.max_diff_fraction * max(numel, FRACTION_BASE) + FLIP_MARGIN * flips
+
+
+# The share of differing elements an fp8 GEMM's accumulation can flip is an expectation; twice it keeps a
+# correct kernel clear of its own spread.
+FLIP_MARGIN = 2.0
+# An output judged for its precision may lie up to this factor farther from the exact value than the
+# reference does: equally many roundings in another order land on either side of it.
+PRECISION_MARGIN = 1.125
+
+
+def _accumulation_allowance(name: str, expected: torch.Tensor, policy: Policy,
+                            context: dict[str, torch.Tensor]) -> torch.Tensor | float:
+    """u x A where the context holds A (`<name>.acc`: the fp8 GEMM terms' magnitude behind each
+    element, harness/accumulation.py), else 0."""
+    from .accumulation import ACC, unit
+
+    terms = context.get(name + ACC)
+    if terms is None or not bool((terms > 0).any()):
+        return 0.0
+    return unit(policy.accumulator_bits) * terms.double().reshape(expected.shape)
+
+
+def _expected_flips(accumulation, ulp: torch.Tensor, finite: torch.Tensor | None) -> tuple[float, float]:
+    """How many roundings the accumulation may flip, and the squared error they carry: per element, the
+    chance that an error of u x A carries the value across a rounding midpoint, min(1, 2 u A / ulp),
+    each flip one ulp."""
+    if isinstance(accumulation, float):
+        return 0.0, 0.0
+    chance = (2 * accumulation / ulp).clamp(max=1.0)
+    if finite is not None:
+        chance = torch.where(finite, chance, 0.0)
+    return float(chance.sum()), float((chance * ulp.double().square()).sum())
+
+
+def _as_precise(name: str, e: torch.Tensor, a: torch.Tensor, ulp: torch.Tensor,
+                context: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """Elements no farther from the exact value (`<name>.exact`) than the reference's own roundings may
+    take it (`<name>.exact_error`), plus the implementation's own final rounding: an implementation
+    that rounds less than the reference passes wherever it lands (None: no exact value given)."""
+    exact, error = context.get(name + EXACT), context.get(name + EXACT_ERROR)
+    if exact is None or error is None:
+        return None
+    x, err = exact.double().reshape(e.shape), error.double().reshape(e.shape)
+    known = torch.isfinite(x) & torch.isfinite(err) & torch.isfinite(a)
+    return known & ((a - x).abs() <= err + ulp / 2 + x.abs() * 2.0 ** -20)
+
+
+def _precision(name: str, e: torch.Tensor, a: torch.Tensor, finite: torch.Tensor | None,
+               context: dict[str, torch.Tensor]) -> dict | None:
+    """For an output the context gives the exact (unrounded) value of (`<name>.exact`, NaN where it is
+    not known): the L2 distances of the implementation's and the reference's values from it, over the
+    elements finite everywhere. "More precision than the reference never fails" (docs/verdicts.md)."""
+    exact = context.get(name + EXACT)
+    if exact is None:
+        return None
+    x = exact.double().reshape(e.shape)
+    known = torch.isfinite(x) & torch.isfinite(e) & torch.isfinite(a)
+    if finite is not None:
+        known &= finite
+    zero = torch.zeros((), dtype=torch.float64)
+    mine = float(torch.where(known, a - x, zero).norm())
+    reference = float(torch.where(known, e - x, zero).norm())
+    ratio = mine / reference if reference > 0 else (1.0 if mine == 0 else float("inf"))
+    return {"exact_l2": mine, "reference_l2": reference, "exact_ratio": ratio}
+
+
+EXACT = ".exact"  # context suffix: `<output>.exact` holds the output's exact value before its roundings
+EXACT_ERROR = ".exact_error"  # and `<output>.exact_error` how far the reference's own roundings may take it
 
 
 def _term_flips_note(name: str, expected: torch.Tensor, actual: torch.Tensor, diff: torch.Tensor, own: Any,

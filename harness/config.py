@@ -34,7 +34,10 @@ IMPL_FLAGS = {"accept_ties": ("index", "accept_ties", True),
               "strict_boundaries": ("quantised", "accept_boundary", False),
               "strict_signed_zeros": (None, "accept_signed_zeros", False)}  # None: every kind
 IMPL_KEYS = {"python", "command", "batch", "kind", "device", "expectations", "tolerances", "note",
-             "options", "supports", *IMPL_FLAGS}
+             "options", "supports", "accumulator_bits", *IMPL_FLAGS}
+# The implementation's fp8 GEMM accumulator, in significant bits (harness/accumulation.py): 14 as an H800's
+# tensor cores keep (the default), 24 for an fp32 accumulator (judged tighter), fewer for narrower hardware.
+ACCUMULATOR_BITS = (8, 53)
 
 
 TIERS = ("small", "production")  # production: built locally, pinned by SHA-256 (docs/tiers.md)
@@ -115,7 +118,7 @@ class Config:
         `dtype`, the output's dtype, picks the tolerance kind of a float output: an fp32 output
         is judged by the f32 policy even where the component declares bf16 (and vice versa).
         """
-        own = (tuple(bool(impl.get(flag)) for flag in IMPL_FLAGS),
+        own = (tuple(bool(impl.get(flag)) for flag in IMPL_FLAGS), impl.get("accumulator_bits"),
                repr((impl.get("tolerances") or {}).get(component.name))) if impl else None
         by_name = (component.name, output, dtype, own)  # the per-call fast path: a case judges thousands
         cached = self._policies.get(by_name)
@@ -157,6 +160,13 @@ class Config:
             own = ((impl.get("tolerances") or {}).get(component.name) or {})
             own_flat = {k: v for k, v in own.items() if not isinstance(v, dict)}
             policy = policy.with_overrides(own_flat, f"{where}: impl tolerances.{component.name}")
+            bits = impl.get("accumulator_bits")
+            if bits is not None:
+                lo, hi = ACCUMULATOR_BITS
+                if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not lo <= bits <= hi:
+                    raise UsageError(f"{where}: impls accumulator_bits must be a number of significant bits in "
+                                     f"[{lo}, {hi}] (14: an H800's fp8 tensor cores; 24: an fp32 accumulator), not {bits!r}")
+                policy = replace(policy, accumulator_bits=float(bits))
         return policy
 
     def validate(self) -> None:

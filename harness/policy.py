@@ -63,6 +63,10 @@ class Policy:
     argument_ulps: float = 0.0  # allowance: this many fp32 ulps of the argument (|f'| <= 1)
     terms: str | None = None  # aux tensor: per element, the largest bf16-rounded term summed into it
     term_ulps: float = 0.0  # allowance: this many bf16 ulps of that term (an intermediate rounding flip)
+    # The accumulator model (harness/accumulation.py): an element fed by an fp8 GEMM may move by u x A,
+    # u = 2^(1 - accumulator_bits), A the magnitude of the GEMM's terms behind it (context `<name>.acc`,
+    # given where the output differs); the implementation's hardware, 14 significant bits by default.
+    accumulator_bits: float = 14.0
     # quantised kind only
     quant: str | None = None  # block format: fp8_ue8m0 | fp4_e4m3 | fp4_e8m0 (harness/boundary.py)
     encoding: str = "values"  # values | codes | packed | scale_bytes

@@ -225,6 +225,9 @@ class Component:
     dims: dict[str, str] = field(default_factory=dict)  # symbolic dim -> its meaning
     # (failing output name, params) -> a line saying what that output holds for this case ('' for none)
     explain: Callable[[str, Params], str] | None = None
+    # (inputs, params) -> what the comparator needs only where an output differs from the golden, computed
+    # then: `<output>.acc` (an fp8 GEMM's term magnitudes) or `<output>.exact` (the unrounded value)
+    judge_context: Callable[[Tensors, Params], Tensors] | None = None
 
     def with_defaults(self, params: Params) -> Params:
         """`params` with every optional param the case left out set to its default: what an

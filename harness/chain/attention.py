@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..accumulation import ACC, gemm_terms, through_rms_norm, through_rope
+from ..compare import EXACT, EXACT_ERROR
 from ..compare import OWN_PRE as OWN
 from ..reference import numerics as nx
 from ..reference.attention import LayerWeights, output_rank, rope_table, step_window_ids, window_part_length
@@ -37,15 +39,16 @@ from ..reference.candidates import select_candidate_blocks
 from ..reference.compressor import completed_groups
 from ..reference.config import AttnConfig, LayerRole, layer_roles
 from ..reference.fp8_linear import Fp8Weight, project
-from ..reference.indexer import FP4_BLOCK, head_weights, index_scores_with_terms, indexer_query, select_topk
+from ..reference.indexer import (FP4_BLOCK, exact_index_scores, head_weights, index_scores_with_terms, indexer_query,
+                                 select_topk)
 from ..reference.numerics import linear_bf16, rms_norm
 from ..reference.rope import apply_rotary
 from ..reference.runtime import SLOTS
 from ..reference.sparse_attn import sparse_attn
 from ..stepnames import layer_name, step_name
 from .digest import differing_rows
-from .stages import (ChainJudgement, Given, Judge, Lazy, StageVerdict, assemble, attribute_problem, differing,
-                     explained, judge_rows, rows_of)
+from .stages import (ChainJudgement, Given, Judge, Lazy, RowContext, StageVerdict, assemble, attribute_problem,
+                     differing, explained, judge_rows, rows_of)
 
 NINF = float("-inf")
 FP8_BLOCK = 32
@@ -245,22 +248,32 @@ class AttentionChain:
 
     # --- stages ------------------------------------------------------------------------------
 
-    def _qr(self, c: Call) -> None:
-        w, cfg = self._w(c), self.cfg
+    def _normed(self, c: Call, stage: str, weight, norm_w: torch.Tensor, width: int, rope: int) -> None:
+        """qr = q_norm(wq_a(x)), kv = RoPE(kv_norm(wkv(x))): with an fp8 weight, each rederived row's
+        accumulation allowance carried through the norm and RoPE (harness/accumulation.py)."""
+        cfg = self.cfg
+        acc = RowContext(c.name(stage) + ACC, self.b * c.S, (width,))
 
         def compute(rows):
-            return rms_norm(project(self._x_rows(c, rows), w.wq_a), w.q_norm, cfg.norm_eps)
+            x = self._x_rows(c, rows)
+            y = project(x, weight)
+            out = rms_norm(y, norm_w, cfg.norm_eps)
+            terms = gemm_terms(x, weight)
+            if rope:
+                out = apply_rotary(out[None], self._freqs(c, rows), rope)[0]
+            if terms is not None:
+                acc.put(rows, through_rope(through_rms_norm(y, norm_w, terms, cfg.norm_eps), rope))
+            return out
 
-        self._intermediate(c, "qr", (self.b, c.S, cfg.q_lora_rank), torch.bfloat16, compute, ())
+        self._intermediate(c, stage, (self.b, c.S, width), torch.bfloat16, compute, (), extra=acc.extra)
+
+    def _qr(self, c: Call) -> None:
+        w = self._w(c)
+        self._normed(c, "qr", w.wq_a, w.q_norm, self.cfg.q_lora_rank, 0)
 
     def _kv(self, c: Call) -> None:
-        w, cfg = self._w(c), self.cfg
-
-        def compute(rows):
-            kv = rms_norm(project(self._x_rows(c, rows), w.wkv), w.kv_norm, cfg.norm_eps)
-            return apply_rotary(kv[None], self._freqs(c, rows), cfg.rope_head_dim)[0]
-
-        self._intermediate(c, "kv", (self.b, c.S, cfg.head_dim), torch.bfloat16, compute, ())
+        w = self._w(c)
+        self._normed(c, "kv", w.wkv, w.kv_norm, self.cfg.head_dim, self.cfg.rope_head_dim)
 
     def _window_rows(self, step: int, calls: list[Call]) -> None:
         """The ring slots each layer wrote (stacked [L, b, n, hd]): the exact fp8 QDQ of the layer's own
@@ -353,11 +366,16 @@ class AttentionChain:
         T = c.end // role.ratio
         H, D = cfg.index_n_heads, cfg.index_head_dim
 
+        query_acc = RowContext(c.name("index_q") + ACC, self.b * c.S, (H, D))
+
         def query(rows):
             qr = c.given["qr"].rows(rows)
+            terms = gemm_terms(qr, w.indexer.wq_b)
+            if terms is not None:
+                query_acc.put(rows, through_rope(terms.unflatten(-1, (H, D)), cfg.rope_head_dim))
             return indexer_query(qr[None], w.indexer.wq_b, H, self._freqs(c, rows), cfg.rope_head_dim)[0]
 
-        self._intermediate(c, "index_q", (self.b, c.S, H, D), torch.bfloat16, query, ("qr",))
+        self._intermediate(c, "index_q", (self.b, c.S, H, D), torch.bfloat16, query, ("qr",), extra=query_acc.extra)
         if T == 0:  # upstream skips the indexer: nothing is selected, nothing scored
             self._output(c, "compressed_ids", lambda rows: torch.zeros(rows.numel(), 0, dtype=torch.int32), ())
             c.ranked = lambda rows: self.aux.get(c.name("scores"))
@@ -367,21 +385,27 @@ class AttentionChain:
         keys = self.slots["index_k"]
         c.given["index_k_seen"] = Given("index_k", keys, own=True)
         terms = torch.zeros(self.b * c.S, T)  # the largest head term of each recomputed score
+        exact = RowContext(c.name("index_scores") + EXACT, self.b * c.S, (T,), fill=float("nan"))
+        error = RowContext(c.name("index_scores") + EXACT_ERROR, self.b * c.S, (T,), fill=float("nan"))
 
         def scores(rows):
             q = nx.fp4_qdq_e8m0(c.given["index_q"].rows(rows), FP4_BLOCK).y  # [n, H, D]
             wts = head_weights(self._x_rows(c, rows)[None], w.indexer.weights_proj, D, H)[0]  # [n, H]
             out = torch.empty(rows.numel(), T, dtype=torch.bfloat16)
+            visible = torch.arange(T)[None, :] < self._lens(c, rows)[:, None]
             for bi in torch.unique(rows // c.S).tolist():
                 mine = (rows // c.S) == bi
                 s, scale = index_scores_with_terms(q[mine][None], keys[bi:bi + 1, :T], wts[mine][None])
                 out[mine], terms[rows[mine]] = s[0], scale[0]
-            visible = torch.arange(T)[None, :] < self._lens(c, rows)[:, None]
+                value, bound = exact_index_scores(q[mine][None], keys[bi:bi + 1, :T], wts[mine][None])
+                exact.put(rows[mine], value[0].masked_fill(~visible[mine], NINF))
+                error.put(rows[mine], bound[0])
             return out.masked_fill(~visible, NINF)
 
         terms_name = c.name("index_scores_terms")
         self._intermediate(c, "index_scores", (self.b, c.S, T), torch.bfloat16, scores, ("index_q", "index_k_seen"),
-                           extra=lambda rows, values: {terms_name: terms.reshape(self.b, c.S, T)})
+                           extra=lambda rows, values: {terms_name: terms.reshape(self.b, c.S, T), **exact.extra(),
+                                                       **error.extra()})
         offset = window_part_length(c.start, c.S, cfg.window_size)
         if role.candidate_source is not None:
             c.given["candidates_seen"] = self.calls[(c.step, role.candidate_source)].given["candidates"]
@@ -474,5 +498,12 @@ class AttentionChain:
 
     def _out(self, c: Call) -> None:
         w = self._w(c)
-        self._output(c, "out", lambda rows: project(c.given["z"].rows(rows), w.wo_b), ("z",))
+        acc = RowContext(c.name("out") + ACC, self.b * c.S, (self.cfg.dim,))
+
+        def compute(rows):
+            z = c.given["z"].rows(rows)
+            acc.put(rows, gemm_terms(z, w.wo_b))
+            return project(z, w.wo_b)
+
+        self._output(c, "out", compute, ("z",), extra=acc.extra)
 

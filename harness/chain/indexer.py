@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import torch
 
+from ..accumulation import ACC, gemm_terms, through_rope
 from ..boundary import FORMATS, admissible_variants, pre_tolerance
+from ..compare import EXACT, EXACT_ERROR
 from ..policy import Policy
 from ..reference import numerics as nx
-from ..reference.indexer import (FP4_BLOCK, head_weights, index_scores, index_scores_with_terms,
+from ..reference.fp8_linear import weight_input
+from ..reference.indexer import (FP4_BLOCK, exact_index_scores, head_weights, index_scores, index_scores_with_terms,
                                  query_compress_lens, select_with_leak)
 from ..ulps import ulp_of
-from .stages import ChainJudgement, Given, Judge, StageVerdict, attribute_problem, differing, judge_rows, rows_of
+from .stages import (ChainJudgement, Given, Judge, RowContext, StageVerdict, attribute_problem, differing, judge_rows,
+                     rows_of)
 
 NINF = float("-inf")
 
@@ -42,7 +46,7 @@ def judge_indexer(inputs: dict, golden: dict, aux: dict, actual: dict, params: d
     query = Given("index_q", rows_of(aux["index_q"], 2))
     mine = actual.get("index_q")
     if mine is not None:
-        verdict = judge("index_q", aux["index_q"], mine, {})
+        verdict = judge("index_q", aux["index_q"], mine, _query_accumulation(inputs, aux["index_q"], mine, params))
         stage = StageVerdict("index_q", verdict, intermediate=True)
         result.verdicts.append(stage)
         if not attribute_problem(mine, aux["index_q"].dtype, tuple(aux["index_q"].shape)):
@@ -50,6 +54,8 @@ def judge_indexer(inputs: dict, golden: dict, aux: dict, actual: dict, params: d
 
     # scores
     terms = aux["term_scale"].clone()  # the golden's, rows replaced where rederived
+    exact = RowContext("scores" + EXACT, golden["scores"].shape[0] * S, (T,), fill=float("nan"))
+    error = RowContext("scores" + EXACT_ERROR, golden["scores"].shape[0] * S, (T,), fill=float("nan"))
 
     def scores_of(rows: torch.Tensor, q_rows: torch.Tensor) -> torch.Tensor:
         q = nx.fp4_qdq_e8m0(q_rows, FP4_BLOCK).y  # [n, H, D]
@@ -60,6 +66,9 @@ def judge_indexer(inputs: dict, golden: dict, aux: dict, actual: dict, params: d
             s, scale = index_scores_with_terms(q[sel][None], keys[bi:bi + 1, :T], rows_of(w, 2)[rows[sel]][None])
             out[sel] = s[0]
             rows_of(terms, 2)[rows[sel]] = scale[0]
+            value, bound = exact_index_scores(q[sel][None], keys[bi:bi + 1, :T], rows_of(w, 2)[rows[sel]][None])
+            exact.put(rows[sel], value[0])
+            error.put(rows[sel], bound[0])
         return out
 
     flips: list[str] = []
@@ -78,7 +87,7 @@ def judge_indexer(inputs: dict, golden: dict, aux: dict, actual: dict, params: d
     else:
         differ = differing(got, golden["scores"], 2)
         verdict, expected, n = judge_rows(judge, "scores", got, golden["scores"], differ, reference_scores, 2,
-                                          lambda rows, values: {"term_scale": terms})
+                                          lambda rows, values: {"term_scale": terms, **exact.extra(), **error.extra()})
         given = ("index_q",) if query.own else ()
         if flips:
             verdict.message = f"judged against the reference recomputed with {flips[0]}\n{verdict.message}".strip()
@@ -115,6 +124,17 @@ def judge_indexer(inputs: dict, golden: dict, aux: dict, actual: dict, params: d
     own = ("scores",) if scores_given.own else ()
     result.verdicts.append(StageVerdict("ids", verdict, own, () if own else ("scores",), n))
     return result
+
+
+def _query_accumulation(inputs: dict, expected: torch.Tensor, mine, params: dict) -> dict[str, torch.Tensor]:
+    """`index_q.acc` where the returned query differs and wq_b is fp8: the magnitude of the fp8 GEMM's
+    terms behind each element, carried through RoPE (harness/accumulation.py)."""
+    if attribute_problem(mine, expected.dtype, tuple(expected.shape)) or not bool(differing(mine, expected, 2).any()):
+        return {}
+    terms = gemm_terms(inputs["qr"], weight_input(inputs, "wq_b"))
+    if terms is None:
+        return {}
+    return {"index_q" + ACC: through_rope(terms.reshape(expected.shape), int(params["rope_dim"]))}
 
 
 def _explain_by_query_flips(rows, values, got, q_pre, keys, w, terms, boundary: Policy, params, found: list[str]

@@ -134,6 +134,25 @@ class Lazy:
         return self.values[rows]
 
 
+class RowContext:
+    """What the comparator needs of a stage beyond its expected value, filled row by row as the rows
+    are rederived (an fp8 GEMM's term magnitudes `<name>.acc`, the exact value `<name>.exact`): `fill`
+    stands where nothing was computed (0: no allowance; NaN: not known)."""
+
+    def __init__(self, name: str, rows: int, shape: tuple[int, ...], fill: float = 0.0):
+        self.name, self.fill = name, fill
+        self.values = torch.full((rows, *shape), fill, dtype=torch.float64)
+        self.filled = False
+
+    def put(self, rows: torch.Tensor, values: torch.Tensor | None) -> None:
+        if values is not None and rows.numel():
+            self.values[rows] = values.double().reshape(rows.numel(), *self.values.shape[1:])
+            self.filled = True
+
+    def extra(self, rows=None, values=None) -> dict[str, torch.Tensor]:
+        return {self.name: self.values} if self.filled else {}
+
+
 class Given:
     """A stage's value as the stages after it receive it: a full tensor (by flat row), or `Lazy`.
     `own`: the implementation's value (else the reference's stood in); `passed`: its verdict had no

@@ -27,6 +27,7 @@ from ..reference import indexer as ix
 from ..reference import numerics as nx
 from ..reference import rope as rp
 from ..chain.indexer import judge_indexer
+from ..compare import EXACT, EXACT_ERROR
 from ..registry import Component, OutputSpec, register
 from ..registry import ParamSpec as P
 from ..registry import TensorSpec as T
@@ -167,6 +168,8 @@ register(Component(
     build=_scores_inputs,
     reference=lambda inputs, params: {"scores": ix.index_scores(inputs["q"], inputs["k"], inputs["w"])},
     reference_with_aux=_scores_with_terms,
+    judge_context=lambda inputs, params: dict(zip(("scores" + EXACT, "scores" + EXACT_ERROR),
+                                                  ix.exact_index_scores(inputs["q"], inputs["k"], inputs["w"]))),
     floor=3,
 ))
 

@@ -140,6 +140,31 @@ def index_scores_with_terms(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -
     return _scores_and_terms(q, k, w, with_terms=True)
 
 
+def exact_index_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 [b, S, T] twice: Σ_h relu(q_h · k) * w_h of the same operands with no rounding at all
+    (what an implementation with more precision approaches, such as DeepGEMM's fp32 MQA logits), and
+    how far `index_scores` may lie from it by its own roundings: half a bf16 ulp of each head's dot
+    times |w_h|, of each head's product, and of the sum (docs/verdicts.md, "GPU arithmetic")."""
+    from ..ulps import ulp_of
+
+    _check_score_operands(q, k, w)
+    b, S, H, D = q.shape
+    exact = torch.empty((b, S, k.shape[1]), dtype=torch.float64)
+    bound = torch.empty_like(exact)
+    k64 = k.double()
+    rows = max(1, _ROW_BLOCK_ELEMS // max(1, b * H * max(k.shape[1], D)))
+    for s0 in range(0, S, rows):
+        dots = torch.einsum("bshd,btd->bsht", q[:, s0 : s0 + rows].double(), k64).relu()  # exact
+        ww = w[:, s0 : s0 + rows, :, None].double()
+        terms = dots * ww
+        total = terms.sum(dim=2)
+        exact[:, s0 : s0 + rows] = total
+        half = lambda v: ulp_of(v, torch.bfloat16) / 2  # noqa: E731
+        bound[:, s0 : s0 + rows] = ((half(dots) * ww.abs()).masked_fill(dots == 0, 0.0) + half(terms).masked_fill(
+            terms == 0, 0.0)).sum(dim=2) + half(total)
+    return exact, bound
+
+
 def _check_score_operands(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> None:
     if q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16 or w.dtype != torch.bfloat16:
         raise ValueError(f"index_scores takes bf16 q, k, w; got {q.dtype}, {k.dtype}, {w.dtype}")

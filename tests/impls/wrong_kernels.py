@@ -145,4 +145,8 @@ MUTANTS = {  # class -> the stage that holds its bug
     OutputScaled: "out", Fp8Block64: "window_rows", Bf16KvScale: "compress_rows", RopeOnFirstDims: "kv",
     WoBRowScales: "out",
 }
+# With fp8 weights, qr and kv come from fp8 GEMMs whose 14-bit accumulation may flip as many bf16 roundings
+# as the norm's extra one (the accumulator model, docs/verdicts.md "GPU arithmetic"): the RMSNorm bug shows
+# first where the GEMM before the norm is bf16, the compressor's latent.
+FP8_STAGES = {NormBf16BeforeWeight: "latent"}
 BARE = {cls: bare(cls) for cls in MUTANTS}
