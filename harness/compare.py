@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .policy import ZERO_CODES, Policy
+from .policy import PRECISION_MARGIN, ZERO_CODES, Policy
 from .ulps import MANTISSA_BITS, rope_magnitude, ulp_of
 
 TABLE_ROWS = 8

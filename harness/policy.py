@@ -42,6 +42,9 @@ from typing import Any
 from .errors import UsageError
 
 KINDS = ("exact", "bf16", "f32", "quantised", "index")
+# Fields that say how an output's allowance is derived where the judge is given the data for it (context
+# tensors computed where the output differs): shown in descriptions, not written into goldens.
+DESCRIPTIVE = ("labels", "accumulates", "precision")
 FLAGS = ("accept_ties", "accept_near_ties", "accept_boundary", "accept_signed_zeros")  # booleans
 TUNABLE = ("ulps", "atol", "atol_rel", "rel_l2", "max_diff_fraction", "argument_ulps", "term_ulps", "boundary_ulps",
            "boundary_atol_rel", "near_tie_ulps") + FLAGS
@@ -67,6 +70,8 @@ class Policy:
     # u = 2^(1 - accumulator_bits), A the magnitude of the GEMM's terms behind it (context `<name>.acc`,
     # given where the output differs); the implementation's hardware, 14 significant bits by default.
     accumulator_bits: float = 14.0
+    accumulates: bool = False  # fed by an fp8 GEMM where the weights are fp8 (described; not written into goldens)
+    precision: bool = False  # judged for precision against its exact value (described; not written into goldens)
     # quantised kind only
     quant: str | None = None  # block format: fp8_ue8m0 | fp4_e4m3 | fp4_e8m0 (harness/boundary.py)
     encoding: str = "values"  # values | codes | packed | scale_bytes
@@ -133,7 +138,7 @@ class Policy:
     def to_json(self) -> dict[str, Any]:
         """The fields that differ from their defaults (and the kind): what makes this policy."""
         defaults = {f.name: f.default for f in fields(self)}
-        data = {k: v for k, v in asdict(self).items() if k == "kind" or (v != defaults[k] and k != "labels")}
+        data = {k: v for k, v in asdict(self).items() if k == "kind" or (v != defaults[k] and k not in DESCRIPTIVE)}
         if "sentinels" in data:
             data["sentinels"] = list(self.sentinels)
         return data
@@ -153,8 +158,15 @@ class Policy:
             floor += f" + {self.atol_rel:g}*max|e|" if self.atol_rel else ""
             floor += f" + {self.argument_ulps:g} ulp of {self.argument}" if self.argument_ulps and self.argument else ""
             floor += f" + {self.term_ulps:g} bf16 ulp of {self.terms}" if self.term_ulps and self.terms else ""
+            if self.accumulates:
+                floor += f" + 2^{1 - self.accumulator_bits:g} x |fp8 GEMM terms|"
             share = f", <= {self.max_diff_fraction:g} of elements (of >= 256) differ" if self.max_diff_fraction < 1.0 else ""
+            if share and self.accumulates:
+                share += " beyond the accumulator's expected flips"
             pairs = " (ulps of the RoPE pair's norm in the rotated channels)" if self.pre_tail else ""
+            if self.precision:
+                return (f"{self.kind}: |a-e| <= {self.ulps:g} ulp{pairs}{floor}, or no farther from the exact value than "
+                        f"the reference's own roundings; L2 distance from it <= {PRECISION_MARGIN:g}x the reference's{share}")
             return f"{self.kind}: |a-e| <= {self.ulps:g} ulp{pairs}{floor}, rel L2 <= {self.rel_l2:g}{share}"
         if self.kind == "index":
             accepted = [label for flag, label in ((self.accept_ties, "tie order"),
@@ -166,6 +178,11 @@ class Policy:
             return (f"quantised {self.quant} {self.encoding}: exact; one-step flips where the value before rounding "
                     f"is within {self.boundary_ulps:g} bf16 ulp of the boundary {how}")
         return "exact (bitwise)"
+
+
+# An output judged for precision may lie up to this factor farther from the exact value than the
+# reference does (in L2): equally many roundings in another order land on either side of it.
+PRECISION_MARGIN = 1.125
 
 
 @functools.lru_cache(maxsize=4096)

@@ -149,6 +149,8 @@ class OutputSpec:
     labels: tuple[str, ...] = ()  # what each position of the last dim is (named in failure messages)
     when: str = ""  # present only under this condition ("an index source"); always when empty
     feeds: str = ""  # intermediates: the decision this value is the input of (docs/verdicts.md, "The chain")
+    accumulates: bool = False  # bf16/f32: fed by an fp8 GEMM (with fp8 weights): the accumulator model applies
+    precision: bool = False  # bf16/f32: judged against its exact value too (more precision never fails)
     kept: str = "digest"  # intermediates: how the golden keeps the reference's value: its row digests
     # (aux `<name>.digest`, harness/chain/digest.py) or, where small, the value itself ("aux": aux `<name>`)
 
@@ -170,6 +172,8 @@ class OutputSpec:
             encoding=self.encoding,
             pre=self.pre,
             pre_tail=self.pre_tail,
+            accumulates=self.accumulates,
+            precision=self.precision,
         )
 
 

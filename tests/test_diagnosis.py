@@ -34,9 +34,9 @@ WHERE = {
     "fp8-blocks-128": "quant.fp8_ue8m0/*", "fp8-no-amax-floor": "quant.fp8_ue8m0/zero-blocks-*",
     "fp4-e4m3-as-pow2-blocks-32": "quant.fp4_e4m3/*", "fp4-e4m3-scale-bf16": "quant.fp4_e4m3/*",
     "fp8-linear-without-act-quant": "linear.fp8/*-4x256x64",
-    "index-scores-fp32": "indexer.scores/*", "index-scores-without-relu": "indexer.scores/*",
+    "index-scores-without-relu": "indexer.scores/*",
     "index-scores-without-head-weights": "indexer.scores/*",
-    "index-scores-scale-on-scores": "indexer/r1-prefill-*", "topk-lowest-index-ties": "indexer.select/ties-*",
+    "index-scores-scale-on-scores": "indexer.weights/*", "topk-lowest-index-ties": "indexer.select/ties-*",
     "candidate-leak-other-policy": "indexer.select/leak-*", "candidate-blocks-zero-padding": "candidates.select/r1-prefill-*",
     "window-newest-first": "window.indices/*", "gate-softmax-over-channels": "compressor/r2-tiny-*",
     "sink-left-out": "sparse_attn/*", "sink-scaled": "sparse_attn/*",
@@ -102,9 +102,9 @@ INDEPENDENT = [  # wrong kernels written apart from the catalogue (tests/impls),
     (wrong_fp8.Unquantised(), "linear.fp8/*-4x256x64", "fp8-linear-without-act-quant"),
     (wrong_indexer.ScoresWithoutRelu(), "indexer.scores/*", "index-scores-without-relu"),
     (wrong_indexer.LowestIndexTies(), "indexer.select/ties-*", "topk-lowest-index-ties"),
-    # config A's softmax_scale and n_heads^-0.5 are powers of two: fp32 scores are the same arithmetic, named first
-    (wrong_indexer.SoftmaxScaleOnScores(), "indexer/r1-prefill-*", "index-scores-scale-on-scores"),
-    (wrong_indexer.SoftmaxScaleOnScores(), "indexer.weights/*", "index-scores-scale-on-scores"),  # told apart here
+    # fp32 scores with the scale applied to them pass the indexer (more precision); the weights output
+    # without the scale is another meaning
+    (wrong_indexer.SoftmaxScaleOnScores(), "indexer.weights/*", "index-scores-scale-on-scores"),
     (wrong_indexer.ArgpartitionTies(), "indexer/r1-chunk-*", "topk-lowest-index-ties"),
     (wrong_indexer.OtherLeakPolicy(), "indexer/leak-*", "candidate-leak-other-policy"),
     (SwappedRamp(), "rope.yarn_table/*", "yarn-betas-swapped"),

@@ -233,7 +233,7 @@ def _chain(inputs, expected, aux, actual, params, judge, boundary):
 # --- registration ------------------------------------------------------------------------------
 
 OUTPUTS = (
-    OutputSpec("out", "bf16", "the layer's attention output after wo_a/wo_b", "bf16", "b S dim"),
+    OutputSpec("out", "bf16", "the layer's attention output after wo_a/wo_b", "bf16", "b S dim", accumulates=True),
     OutputSpec("window_ids", "exact", "every layer's window lanes (oldest first, -1 absent)", "int32", "L b S w"),
     OutputSpec("compressed_ids", "index", "selected compressed rows + offset, ascending, -1 tail; judged tie-aware "
                "against aux sNN.lK.scores", "int32", "b S k", order="set", scores="{prefix}scores"),
@@ -253,9 +253,9 @@ OUTPUTS = (
 )
 INTERMEDIATES = (
     OutputSpec("qr", "bf16", "q_norm(wq_a(x)), the normed query latent", "bf16", "b S q_lora",
-               feeds="act_quant of wq_b's input and of the indexer's wq_b (fp8 checkpoint)"),
+               feeds="act_quant of wq_b's input and of the indexer's wq_b (fp8 checkpoint)", accumulates=True),
     OutputSpec("kv", "bf16", "the window KV rows after RoPE, before their fp8 QDQ", "bf16", "b S hd",
-               pre_tail=ROPE_TAIL, feeds="the fp8 QDQ of the window rows"),
+               pre_tail=ROPE_TAIL, feeds="the fp8 QDQ of the window rows", accumulates=True),
     OutputSpec("latent", "bf16", "the compressor's rows written this step, before RoPE (kv_finish's input)", "bf16",
                "b G hd", when="a kv source", kept="aux",
                feeds="RoPE and the index key's wk (no decision: a bf16 rounding)"),
@@ -267,10 +267,10 @@ INTERMEDIATES = (
                feeds="the fp4 e8m0 QDQ of the index keys"),
     OutputSpec("index_q", "bf16", "the index query after RoPE, before its fp4 round trip", "bf16", "b S H D",
                when="an index source that sees compressed rows", pre_tail=ROPE_TAIL,
-               feeds="the fp4 e8m0 round trip of the index query"),
+               feeds="the fp4 e8m0 round trip of the index query", accumulates=True),
     OutputSpec("index_scores", "bf16", "the index scores of the rows each query sees (-inf where it cannot), "
                "before candidate masking", "bf16", "b S T", when="an index source that sees compressed rows",
-               feeds="the top-k and the candidate blocks", terms="{prefix}index_scores_terms"),
+               feeds="the top-k and the candidate blocks", terms="{prefix}index_scores_terms", precision=True),
     OutputSpec("o", "bf16", "sparse attention's output after the inverse RoPE (wo_a's input)", "bf16", "b S h hd",
                pre_tail=ROPE_TAIL, feeds="wo_a (no decision: judged by sparse_attn's tolerance)"),
     OutputSpec("z", "bf16", "the grouped wo_a output (wo_b's input)", "bf16", "b S g*o_lora",

@@ -163,7 +163,8 @@ register(Component(
             T("w", "bf16", "b S H", "head weights")),
     outputs=(OutputSpec("scores", "bf16", "einsum rounded to bf16, ReLU, product rounded, head sum rounded; zeros "
                         "are +0; judged within 1 ulp plus an allowance in bf16 ulps of the largest head term "
-                        "(aux.term_scale)", "bf16", "b S T", terms="term_scale"),),
+                        "(aux.term_scale), or no farther from the exact scores than the reference's own roundings",
+                        "bf16", "b S T", terms="term_scale", precision=True),),
     dims=INDEX_DIMS,
     build=_scores_inputs,
     reference=lambda inputs, params: {"scores": ix.index_scores(inputs["q"], inputs["k"], inputs["w"])},
@@ -351,11 +352,12 @@ register(Component(
     outputs=(
         IDS_SPEC,
         OutputSpec("scores", "bf16", "index scores before any mask; judged as indexer.scores (1 ulp plus an allowance "
-                   "in bf16 ulps of the largest head term, aux.term_scale)", "bf16", "b S T", terms="term_scale"),
+                   "in bf16 ulps of the largest head term, aux.term_scale, or no farther from the exact scores than "
+                   "the reference's own roundings)", "bf16", "b S T", terms="term_scale", precision=True),
     ),
     intermediates=(
         OutputSpec("index_q", "bf16", "the query after RoPE, before its fp4 round trip", "bf16", "b S H D",
-                   pre_tail="rope_dim", kept="aux", feeds="the fp4 e8m0 round trip of the query"),
+                   pre_tail="rope_dim", kept="aux", feeds="the fp4 e8m0 round trip of the query", accumulates=True),
     ),
     chain=_chain,
     params=SELECT_PARAMS + (P("rope_dim", "int", "rotated trailing channels of the query"),

@@ -296,30 +296,66 @@ def _no_act_quant(original):
 # --- index scores ------------------------------------------------------------------------------
 
 
+SCORE_STEPS = {"relu": True, "weights": True}  # the steps of an index score a variant may leave out
+
+
+def _score_flags(original, change: dict) -> dict:
+    """The steps in force: the reference's, with what the variants already in force and this one change
+    (two variants of the scores together compose)."""
+    return {**SCORE_STEPS, **getattr(original, "flags", {}), **change}
+
+
 def _scores(**change: bool):
-    """`_scores_and_terms` with steps changed (`relu`, `weights`, `rounded`: False leaves the step out).
-    Two such variants in force together compose: each keeps the other's changes."""
+    """`_scores_and_terms` with steps left out (`relu`, `weights`: False leaves it out)."""
 
     def make(original):
-        flags = {"relu": True, "weights": True, "rounded": True, **getattr(original, "flags", {}), **change}
+        flags = _score_flags(original, change)
         reference = getattr(original, "reference", original)
 
         def scores_and_terms(q, k, w, with_terms):
             terms = reference(q, k, w, True)[1] if with_terms else None  # the term scales stay the reference's
-            dots = torch.einsum("bshd,btd->bsht", q.double(), k.double())
-            s = dots.float()
-            s = s.to(torch.bfloat16).float() if flags["rounded"] else s
+            s = torch.einsum("bshd,btd->bsht", q.double(), k.double()).float().to(torch.bfloat16).float()
             s = s.relu() if flags["relu"] else s
             ww = w.float()[..., None] if flags["weights"] else torch.ones_like(w.float())[..., None]
-            p = s * ww
-            p = p.to(torch.bfloat16).float() if flags["rounded"] else p
-            total = p.double().sum(dim=2).float()
-            return (total.to(torch.bfloat16) + 0.0), terms
+            p = (s * ww).to(torch.bfloat16).float()
+            return (p.double().sum(dim=2).float().to(torch.bfloat16) + 0.0), terms
 
         scores_and_terms.flags, scores_and_terms.reference = flags, reference
         return scores_and_terms
 
     return make
+
+
+def _exact_scores(**change: bool):
+    """`exact_index_scores` with the same steps left out as `_scores` (the exact value the judge measures
+    precision against follows the variant, as the scores do)."""
+
+    def make(original):
+        flags = _score_flags(original, change)
+        reference = getattr(original, "reference", original)
+
+        def exact_index_scores(q, k, w):
+            from ..ulps import ulp_of
+
+            reference(q, k, w)  # its checks
+            dots = torch.einsum("bshd,btd->bsht", q.double(), k.double())
+            s = dots.relu() if flags["relu"] else dots
+            ww = w.double()[..., None] if flags["weights"] else torch.ones_like(w.double())[..., None]
+            terms = s * ww
+            total = terms.sum(dim=2)
+            half = lambda v: ulp_of(v, torch.bfloat16) / 2  # noqa: E731
+            bound = ((half(s) * ww.abs()).masked_fill(s == 0, 0.0) + half(terms).masked_fill(terms == 0, 0.0)).sum(2)
+            return total, bound + half(total)
+
+        exact_index_scores.flags, exact_index_scores.reference = flags, reference
+        return exact_index_scores
+
+    return make
+
+
+def _score_variant(**change: bool) -> Callable[[], ContextManager]:
+    return _both(_wrap(f"{INDEXER}:_scores_and_terms", _scores(**change)),
+                 _wrap(f"{INDEXER}:exact_index_scores", _exact_scores(**change)))
 
 
 def _unscaled_head_weights(original):
@@ -330,18 +366,6 @@ def _unscaled_head_weights(original):
         return nx.linear_bf16(x, weights_proj) * index_n_heads ** -0.5  # softmax_scale left for the scores
 
     return head_weights
-
-
-def _scale_on_scores(original):
-    """Scores in fp32 throughout, multiplied by softmax_scale (index_head_dim^-0.5) once at the end."""
-
-    def scores_and_terms(q, k, w, with_terms):
-        terms = original(q, k, w, True)[1] if with_terms else None  # the term scales stay the reference's
-        dots = torch.einsum("bshd,btd->bsht", q.double(), k.double()).float().relu()
-        total = (dots * w.float()[..., None]).double().sum(dim=2).float() * q.shape[-1] ** -0.5
-        return total.to(torch.bfloat16) + 0.0, terms
-
-    return scores_and_terms
 
 
 def _lowest_index_topk(original):
@@ -485,21 +509,15 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("fp8-linear-without-act-quant", "fp8 Linears without act_quant: bf16 activations times the dequantised "
             "weight", "fp8_linear.linear_fp8: no activation quantisation", FP8_USERS,
             _wrap(f"{REF}.fp8_linear:linear_fp8", _no_act_quant)),
-    Variant("index-scores-fp32", "index scores kept in fp32 through the dot products, ReLU * w and the head sum "
-            "(upstream rounds to bf16 at each)", "indexer._scores_and_terms: no intermediate roundings",
-            SCORE_USERS, _wrap(f"{INDEXER}:_scores_and_terms", _scores(rounded=False)),
-            twins=("index-scores-scale-on-scores",)),  # the same where both scale factors are powers of two
-    Variant("index-scores-scale-on-scores", "softmax_scale (index_head_dim^-0.5) applied to the fp32 index scores "
-            "instead of folded into the head weights (upstream: weights_proj(x) * softmax_scale * n_heads^-0.5, "
-            "bf16)", "indexer.head_weights: n_heads^-0.5 only; indexer._scores_and_terms: fp32, x softmax_scale "
-            "at the end", ("indexer.weights", "indexer", "attention"),
-            _both(_wrap(f"{INDEXER}:head_weights", _unscaled_head_weights),
-                  _wrap(f"{INDEXER}:_scores_and_terms", _scale_on_scores))),
+    Variant("index-scores-scale-on-scores", "softmax_scale (index_head_dim^-0.5) left out of the head weights and "
+            "applied to the scores instead (upstream: weights_proj(x) * softmax_scale * n_heads^-0.5, bf16)",
+            "indexer.head_weights: n_heads^-0.5 only", ("indexer.weights",),
+            _wrap(f"{INDEXER}:head_weights", _unscaled_head_weights)),
     Variant("index-scores-without-relu", "index scores without the ReLU of each head's dot product",
-            "indexer._scores_and_terms: no ReLU", SCORE_USERS, _wrap(f"{INDEXER}:_scores_and_terms", _scores(relu=False))),
+            "indexer._scores_and_terms: no ReLU", SCORE_USERS, _score_variant(relu=False)),
     Variant("index-scores-without-head-weights", "index scores summed over heads without the head weights",
             "indexer._scores_and_terms: w = 1", SCORE_USERS,
-            _wrap(f"{INDEXER}:_scores_and_terms", _scores(weights=False))),
+            _score_variant(weights=False)),
     Variant("topk-lowest-index-ties", "top-k breaking ties by the lowest index (a stable sort, CUDA-like or "
             "argpartition) instead of torch's CPU order", "topk.torch_cpu_topk: stable order", SELECT_USERS,
             _wrap(f"{REF}.topk:torch_cpu_topk", _lowest_index_topk), evidence=TIE_EVIDENCE_BITS),
