@@ -111,12 +111,13 @@ class ConformanceRun:
                                       report_dir=Path(report_dir or "reports/latest"), device=option("conformance_device"),
                                       timeout=option("conformance_timeout"), isolate=not option("conformance_no_isolate"),
                                       tier=config.tier, config_path=path)
-            if self.overridden:  # --conformance-impl names the fixture's object; it need not resolve
-                try:
-                    spec = resolve(self.options.impl, config)
-                except HarnessError:
-                    spec = ImplSpec(self.options.impl, "python")
-            else:
+            try:
+                resolve(self.options.impl, config)
+            except HarnessError:
+                if not self.overridden:
+                    raise
+                spec = ImplSpec(self.options.impl, "python")  # a label for the object a conftest.py supplies
+            else:  # an implementation: it must load, whether or not a conftest.py supplies one instead
                 spec = load_implementation(config, self.options, "--conformance-impl")
             ids = select_case_ids(config, select)
             if chosen:
@@ -264,7 +265,7 @@ class ConformanceRun:
     def pytest_terminal_summary(self, terminalreporter):
         if self.doc is None:
             return
-        from .report.header import verdict
+        from .report.header import override_lines, verdict
 
         doc, write = self.doc, terminalreporter.write_line
         terminalreporter.section("conformance")
@@ -273,8 +274,11 @@ class ConformanceRun:
             write(f"STOPPED: {doc['stopped']}; {doc['not_run']} case(s) not run")
         for problem in doc["problems"]:
             write(f"PROBLEM: {problem}")
-        if doc.get("overrides"):
-            write(f"the configuration changes {len(doc['overrides'])} packaged default(s) (see the header)")
+        changed = override_lines(doc)
+        if changed:
+            write(f"the configuration changes {len(changed)} packaged default(s):")
+            for line in changed:
+                write(f"  {line}")
         if self.config.getoption("conformance_report_dir"):
             write(f"reports: {Path(self.options.report_dir) / 'results.json'}, summary.md, junit.xml, report.html")
 

@@ -11,11 +11,14 @@ checkout's own (editable) harness is never on its path.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
 import tarfile
+import time
 import venv
 import zipfile
 from xml.etree import ElementTree
@@ -146,11 +149,14 @@ def test_a_team_project_runs_its_own_implementation_and_its_own_pytest_suite(ins
     got = statuses(results(team / "rep"))
     assert {s for c, s in got.items() if c.startswith("quant.e2m1/")} == {"pass"}
     assert {s for c, s in got.items() if not c.startswith("quant.e2m1/")} == {"unsupported"}
-    # its own tests (the Python API) and the cases as tests, one per case, judging the fixture's object
+    # its own tests (the Python API, and tests/ with its own module called `harness`), plain and with the
+    # cases as tests, one per case, judging the fixture's object
+    e2m1 = sum(c.startswith("quant.e2m1/") for c in MANIFEST)
+    plain = installed.run(installed.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=team)
+    assert plain.returncode == 0 and f"{e2m1 + 2} passed" in plain.stdout, plain.stdout[-3000:]
     proc = installed.run(installed.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--kernels-device", "cpu",
                          "--conformance-impl", "kernels", "--conformance-select", "quant.e2m1", cwd=team)
-    e2m1 = sum(c.startswith("quant.e2m1/") for c in MANIFEST)
-    assert proc.returncode == 0 and f"{e2m1 + e2m1 + 1} passed" in proc.stdout, proc.stdout[-3000:]
+    assert proc.returncode == 0 and f"{e2m1 + e2m1 + 2} passed" in proc.stdout, proc.stdout[-3000:]
 
 
 MIXED = """
@@ -224,3 +230,67 @@ def test_a_worker_holding_another_store_fails_every_case_loudly(tmp_path):
     other = {**doc, "harness_version": "9.9"}
     result = CaseExecutor.from_run(other).run(ids[0])
     assert result.status == "error" and "the controller runs 9.9" in result.message
+
+
+STOPS = """
+import os, pathlib, time
+from mykernels import Kernels
+
+
+class StopsMidRun(Kernels):
+    def run(self, component, inputs, params):
+        if inputs["v"].numel() > 1000:  # quant.e2m1/uniform-4096
+            pathlib.Path(os.environ["STOP_MARK"]).touch()
+            time.sleep(600)
+        return super().run(component, inputs, params)
+"""
+
+
+def test_from_the_wheel_a_teams_pytest_run_gets_the_clis_verdict(installed):
+    """The "Done when" of the plugin's verdict, in a team repository with its own tests/harness.py."""
+    team = installed.root / "verdicts"
+    shutil.copytree(ROOT / "examples" / "team", team, ignore=shutil.ignore_patterns("__pycache__"))
+
+    def pytest_in_team(*args, **kwargs):
+        return installed.run(installed.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, cwd=team, **kwargs)
+
+    typo = pytest_in_team("--conformance-impl", "kernels", "--conformance-select", "quant.e2m1-*")
+    assert typo.returncode == 1 and "no case was executed" in typo.stdout, typo.stdout[-2000:]
+    unsupported = pytest_in_team("--conformance-impl", "kernels", "--conformance-select", "norm.rms")
+    assert unsupported.returncode == 1 and "no case was executed" in unsupported.stdout, unsupported.stdout[-2000:]
+    mistyped = pytest_in_team("--conformance-impl", "mykernels:Kernelz", "-n", "2")
+    assert mistyped.returncode == 4 and mistyped.stderr.count("has no attribute 'Kernelz'") == 1, mistyped.stderr[-2000:]
+    assert "passed" not in mistyped.stdout and "failed" not in mistyped.stdout
+    # SIGINT mid-run: every report says STOPPED, with the cases it never reached
+    (team / "stops.py").write_text(STOPS)
+    mark = team / "reached"
+    run = subprocess.Popen([str(installed.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--conformance-impl",
+                            "stops.py:StopsMidRun", "--conformance-select", "quant.e2m1", "--conformance-report-dir",
+                            "stopped"], cwd=team, env={**os.environ, "STOP_MARK": str(mark)}, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not mark.exists():
+        assert run.poll() is None and time.monotonic() < deadline, "the run never reached quant.e2m1/uniform-4096"
+        time.sleep(0.1)
+    run.send_signal(signal.SIGINT)
+    out, _ = run.communicate(timeout=300)
+    doc = results(team / "stopped")
+    assert run.returncode == 130 == doc["exit_code"] and "interrupted by SIGINT" in doc["stopped"], out[-2000:]
+    assert statuses(doc)["quant.e2m1/uniform-4096"] == "not_run" and "STOPPED" in out
+    for name in ("summary.md", "report.html", "junit.xml"):
+        assert "STOPPED" in (team / "stopped" / name).read_text(), name
+    # a misplaced tolerance is refused; a loosened one and a switch are listed in every report
+    (team / "conformance.yaml").write_text("tolerances:\n  sparse_attn:\n    o: {ulps: -3}\n")
+    refused = pytest_in_team("--conformance-impl", "mykernels:Kernels")
+    assert refused.returncode == 4 and "tolerances.sparse_attn: unknown key" in refused.stderr, refused.stderr[-2000:]
+    assert str(team / "conformance.yaml") in refused.stderr
+    (team / "conformance.yaml").write_text(
+        "tolerances:\n  components:\n    sparse_attn:\n      o: {rel_l2: 1.0}\n"
+        "impls:\n  kernels:\n    python: mykernels:Kernels\n    accept_ties: true\n")
+    listed = pytest_in_team("--conformance-impl", "kernels", "--conformance-select", "quant.e2m1",
+                            "--conformance-report-dir", "overrides")
+    assert listed.returncode == 0, listed.stdout[-2000:]
+    keys = ("tolerances.components.sparse_attn.o.rel_l2: 1 (packaged: ", "impls.kernels.accept_ties: true (packaged: false)")
+    assert [o["key"] for o in results(team / "overrides")["overrides"]] == [k.split(":")[0] for k in keys]
+    for where in (listed.stdout, *((team / "overrides" / n).read_text() for n in ("summary.md", "report.html", "junit.xml"))):
+        assert all(k in where for k in keys), where[:3000]
