@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,11 +61,10 @@ def config_of(run: dict) -> Config:
 
 def store_problem(config: Config, run: dict) -> str:
     """'' when this process judges the store the controller judged; else why every case is an error."""
-    host = socket.gethostname()
+    host = store.worker_name()
     theirs = run.get("harness_version")
     if theirs is not None and theirs != __version__:
-        return (f"this worker ({host}) runs v41-conformance {__version__} but the controller runs {theirs}: "
-                "install the same version on every machine of the run")
+        return store.version_refusal(theirs)
     want, mine = run.get("store"), store.identity(config.goldens, config.tier)
     if want and not store.same_store(want, mine):
         return (f"this worker ({host}) judges the {store.describe(mine)} but the controller judged the "

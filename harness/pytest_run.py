@@ -69,7 +69,7 @@ class ConformanceRun:
         distributed = self.controller and getattr(config.option, "dist", "no") != "no"
         self.overridden = config.pluginmanager.has_plugin(OVERRIDE_CHECK)  # a conftest.py supplies the object
         isolate = not config.getoption("conformance_no_isolate")
-        if isolate and not self.overridden and not distributed:
+        if isolate and not self.overridden and not distributed and not _refusal(_plan_version(config)):
             from .forkserver import warm_up
 
             warm_up()  # first: the fork server imports torch while this process plans the run
@@ -87,6 +87,7 @@ class ConformanceRun:
             config.pluginmanager.register(self.collector, "conformance-results")
         else:
             self.plan = Plan(**config.workerinput[PLAN_KEY])
+        self.refusal = _refusal(self.plan.run.get("harness_version"))
         self.items = self.plan.order(int(config.workerinput["workercount"]) if not self.controller else 1)
 
     # -- the plan (controller) -------------------------------------------------------------------
@@ -197,6 +198,11 @@ class ConformanceRun:
 
     def _result(self, case_id: str, conformance_impl):
         run = self.plan.run
+        if self.refusal:  # this worker's package is not the controller's: it judges nothing
+            from .case_result import CaseResult
+            from .ids import split_case_id
+
+            return CaseResult(case_id, split_case_id(case_id)[0], "error", self.refusal)
         if conformance_impl is not FROM_OPTION:  # the project's own object, in this process
             from .execution import config_of
             from .golden import read_manifest
@@ -283,6 +289,18 @@ class ConformanceRun:
             write(f"reports: {Path(self.options.report_dir) / 'results.json'}, summary.md, junit.xml, report.html")
 
 
+def _plan_version(config) -> str | None:
+    """The controller's package version, in an xdist worker (None in the controller itself)."""
+    return getattr(config, "workerinput", {}).get(PLAN_KEY, {}).get("run", {}).get("harness_version")
+
+
+def _refusal(theirs: str | None) -> str:
+    from . import __version__
+    from .store import version_refusal
+
+    return version_refusal(theirs) if theirs is not None and theirs != __version__ else ""
+
+
 def session_exit_status(pytest_status: int, verdict: int) -> int:
     """The session's exit status: the conformance verdict (`conformance run`'s exit code) where it is
     a stop by a signal (130, 143) or where pytest itself saw nothing wrong (0, or 5: no test ran);
@@ -298,7 +316,14 @@ class Cases(pytest.Collector):
     def collect(self):
         run = self.config.pluginmanager.get_plugin(RUN)
         for case_id in run.items:
-            yield pytest.Function.from_parent(self, name=case_id, callobj=_judge_case)
+            yield CaseFunction.from_parent(self, name=case_id, callobj=_judge_case)
+
+
+class CaseFunction(pytest.Function):
+    """One case's test; pytest's failure headings name it by its case id."""
+
+    def reportinfo(self):
+        return self.path, None, self.name
 
 
 def _judge_case(request, conformance_impl):
