@@ -11,17 +11,20 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import yaml
 
 from .errors import UsageError
 from .policy import FLOAT_KINDS, KINDS, TUNABLE, Policy
-from .registry import Component, OutputSpec
 from .yamlio import safe_load
 
-DTYPE_KINDS = {torch.bfloat16: "bf16", torch.float32: "f32"}
+if TYPE_CHECKING:  # reading a configuration imports no torch: a pytest-xdist controller plans a run without it
+    import torch
+
+    from .registry import Component
+
+DTYPE_KINDS = {"torch.bfloat16": "bf16", "torch.float32": "f32"}  # by str(dtype)
 
 CONFIG_NAME = "conformance.yaml"
 TOP_KEYS = {"version", "goldens", "cases", "timeout", "tolerances", "floors", "impls", "extends"}
@@ -114,8 +117,8 @@ class Config:
         if cached is not None:
             return cached
         spec = component.output_spec(output)
-        if spec.kind in FLOAT_KINDS and dtype in DTYPE_KINDS:
-            spec = replace(spec, kind=DTYPE_KINDS[dtype])
+        if spec.kind in FLOAT_KINDS and str(dtype) in DTYPE_KINDS:
+            spec = replace(spec, kind=DTYPE_KINDS[str(dtype)])
         key = (component.name, spec, own)
         cached = self._policies.get(key)
         if cached is None:
@@ -125,6 +128,8 @@ class Config:
 
     def boundary_policy(self, component: Component, impl: dict[str, Any] | None = None) -> Policy:
         """The quantised policy (boundary_ulps, accept_boundary) for flips inside a computation."""
+        from .registry import OutputSpec
+
         spec = OutputSpec("(internal)", "quantised", quant="-", pre="-")
         key = (component.name, spec, tuple(bool((impl or {}).get(flag)) for flag in IMPL_FLAGS))
         if key not in self._policies:
@@ -157,6 +162,8 @@ class Config:
     def validate(self) -> None:
         """Every key names something real, and every policy resolves, so a misplaced or mistyped
         tolerance is a usage error before anything runs (never a block that silently does nothing)."""
+        import torch
+
         from .expectations import load_expectations
         from .registry import components
 
@@ -183,7 +190,7 @@ class Config:
             load_expectations(impl, self.root, f"{self.path}: impls.{impl_name}")
         for component in registry.values():
             for output in component.outputs + component.intermediates:
-                dtypes = DTYPE_KINDS if output.kind in FLOAT_KINDS else (None,)
+                dtypes = (torch.bfloat16, torch.float32) if output.kind in FLOAT_KINDS else (None,)
                 for dtype in dtypes:
                     for impl in (None, *(conf for conf in self.impls.values() if _changes_policies(conf))):
                         self.policy(component, output.name, impl, dtype=dtype)

@@ -92,12 +92,16 @@ class ConformanceRun:
 
     # -- the plan (controller) -------------------------------------------------------------------
     def _plan_run(self, chosen: list[str]) -> None:
+        """The plan, as `conformance run` makes it: every policy resolves, the implementation loads
+        and prepares (unless a conftest.py supplies the object under a label), the cases are chosen
+        and ordered; any failure is one usage error (pytest's exit 4) before any case runs."""
         from .adapters.loader import ImplSpec, resolve
         from .config import load_config
         from .errors import HarnessError
         from .expectations import load_expectations
         from .ids import parse_select
-        from .session import RunOptions, case_costs, load_implementation, run_document, select_case_ids
+        from .plan import RunOptions, case_costs, run_document, select_case_ids
+        from .session import load_implementation
         from .workers import heaviest_first
 
         option = self.config.getoption
@@ -113,13 +117,13 @@ class ConformanceRun:
                                       timeout=option("conformance_timeout"), isolate=not option("conformance_no_isolate"),
                                       tier=config.tier, config_path=path)
             try:
-                resolve(self.options.impl, config)
+                spec = resolve(self.options.impl, config)
             except HarnessError:
                 if not self.overridden:
                     raise
                 spec = ImplSpec(self.options.impl, "python")  # a label for the object a conftest.py supplies
             else:  # an implementation: it must load, whether or not a conftest.py supplies one instead
-                spec = load_implementation(config, self.options, "--conformance-impl")
+                load_implementation(config, self.options, "--conformance-impl")
             ids = select_case_ids(config, select)
             if chosen:
                 ids = [i for i in ids if i in set(chosen)]
@@ -127,7 +131,7 @@ class ConformanceRun:
             ids = heaviest_first(ids, costs)
             expectations = load_expectations(spec.conf, config.root, f"{config.path}: impls.{spec.name}")
         except HarnessError as exc:
-            raise pytest.UsageError(str(exc) if str(exc).startswith("--conformance-") else f"conformance: {exc}") from None
+            raise _usage(exc) from None
         token = hashlib.sha256(json.dumps([spec.name, ids, str(config.path), config.tier]).encode()).hexdigest()[:16]
         self.harness_config, self.spec = config, spec
         self.overrides = config.overrides(spec.name)
@@ -231,7 +235,7 @@ class ConformanceRun:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
-        if self.controller and self.ran:
+        if self.controller and self.ran and exitstatus != pytest.ExitCode.USAGE_ERROR:
             self.doc = self._conclude(session, int(exitstatus))
             session.exitstatus = self.doc["exit_code"]
 
@@ -287,6 +291,11 @@ class ConformanceRun:
                 write(f"  {line}")
         if self.config.getoption("conformance_report_dir"):
             write(f"reports: {Path(self.options.report_dir) / 'results.json'}, summary.md, junit.xml, report.html")
+
+
+def _usage(exc: Exception) -> pytest.UsageError:
+    text = str(exc)
+    return pytest.UsageError(text if text.startswith("--conformance-") else f"conformance: {text}")
 
 
 def _plan_version(config) -> str | None:
