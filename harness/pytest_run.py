@@ -32,6 +32,7 @@ from .pytest_cases import FROM_OPTION, NODE_PREFIX, OVERRIDE_CHECK, RUN
 from .pytest_plugin import MESSAGE_CHARS, RESULT_KEY, ResultCollector
 
 PLAN_KEY = "v41_conformance_plan"  # the controller's plan, in every xdist worker's workerinput
+POOL_KEY = "v41_conformance_pool"  # the controller's shared isolation pool, in a local worker's workerinput
 
 
 @dataclass
@@ -69,7 +70,12 @@ class ConformanceRun:
         distributed = self.controller and getattr(config.option, "dist", "no") != "no"
         self.overridden = config.pluginmanager.has_plugin(OVERRIDE_CHECK)  # a conftest.py supplies the object
         isolate = not config.getoption("conformance_no_isolate")
-        if isolate and not self.overridden and not distributed and not _refusal(_plan_version(config)):
+        # Who runs isolation children: the controller for itself (no xdist) and for the workers on its
+        # own machine (v41_conformance.shared_pool); a worker elsewhere for itself.
+        self.shares = isolate and not self.overridden and distributed and _local_workers(config)
+        shared = getattr(config, "workerinput", {}).get(POOL_KEY)
+        runs_children = self.shares if distributed else (not shared and not _refusal(_plan_version(config)))
+        if isolate and not self.overridden and runs_children:
             from .forkserver import warm_up
 
             warm_up()  # first: the fork server imports torch while this process plans the run
@@ -78,7 +84,8 @@ class ConformanceRun:
         self.ran = False
         self.collected: set[str] | None = None
         self.doc: dict | None = None
-        self._pool = None  # isolation children (v41_conformance.pool)
+        self._pool = None  # isolation children (v41_conformance.pool), or a worker's connection to the shared ones
+        self._shared = None  # the controller's pool for its local xdist workers (v41_conformance.shared_pool)
         self._executor = None  # --conformance-no-isolate (v41_conformance.execution)
         self._own_object = None  # a conftest's object: the configuration and manifest it is judged with
         if self.controller:
@@ -141,6 +148,12 @@ class ConformanceRun:
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node):
         node.workerinput[PLAN_KEY] = asdict(self.plan)
+        if self.shares and getattr(node.gateway.spec, "popen", False):  # a worker on this machine
+            if self._shared is None:
+                from .shared_pool import SharedPool
+
+                self._shared = SharedPool(self.plan.run, int(node.workerinput["workercount"]))
+            node.workerinput[POOL_KEY] = self._shared.address
 
     def pytest_report_header(self, config):
         if not self.controller:
@@ -219,11 +232,17 @@ class ConformanceRun:
             return run_case(case_id, config, conformance_impl, run["impl"]["name"], manifest, run["impl"]["conf"])
         if run["isolate"]:  # an isolation child; this process never imports torch for it
             if self._pool is None:
-                from .forkserver import warm_up
-                from .pool import CasePool
+                shared = getattr(self.config, "workerinput", {}).get(POOL_KEY)
+                if shared:  # the controller's, on this machine
+                    from .shared_pool import SharedPoolClient
 
-                warm_up()
-                self._pool = CasePool(run, 1, [])
+                    self._pool = SharedPoolClient(shared)
+                else:
+                    from .forkserver import warm_up
+                    from .pool import CasePool
+
+                    warm_up()
+                    self._pool = CasePool(run, 1, [])
             return self._pool.result(case_id)
         if self._executor is None:
             from .execution import CaseExecutor
@@ -232,9 +251,10 @@ class ConformanceRun:
         return self._executor.run(case_id)
 
     def pytest_sessionfinish(self, session, exitstatus):
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        for pool in (self._pool, self._shared):
+            if pool is not None:
+                pool.close()
+        self._pool = self._shared = None
         if self.controller and self.ran and exitstatus != pytest.ExitCode.USAGE_ERROR:
             self.doc = self._conclude(session, int(exitstatus))
             session.exitstatus = self.doc["exit_code"]
@@ -291,6 +311,12 @@ class ConformanceRun:
                 write(f"  {line}")
         if self.config.getoption("conformance_report_dir"):
             write(f"reports: {Path(self.options.report_dir) / 'results.json'}, summary.md, junit.xml, report.html")
+
+
+def _local_workers(config) -> bool:
+    """pytest-xdist starts workers on this machine: -n N, or a popen --tx."""
+    return bool(getattr(config.option, "numprocesses", None)) or \
+        any("popen" in spec for spec in (getattr(config.option, "tx", None) or ()))
 
 
 def _usage(exc: Exception) -> pytest.UsageError:

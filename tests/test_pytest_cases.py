@@ -171,7 +171,7 @@ def pytest_sessionfinish(session):
 """
 
 
-def test_the_plugin_imports_nothing_heavy_unasked_and_xdist_workers_leave_torch_to_their_children(tmp_path):
+def test_the_plugin_imports_nothing_heavy_unasked_and_local_xdist_workers_share_the_controllers_children(tmp_path):
     (tmp_path / "test_own.py").write_text("def test_own():\n    pass\n")
     (tmp_path / "conftest.py").write_text(PROBE.format(folder=str(tmp_path)))
     plain = pytest_run(cwd=tmp_path)
@@ -183,6 +183,8 @@ def test_the_plugin_imports_nothing_heavy_unasked_and_xdist_workers_leave_torch_
     for worker in ("gw0", "gw1"):
         loaded = (tmp_path / f"{worker}.modules").read_text().split()
         assert "torch" not in loaded and "v41_conformance.pytest_run" in loaded, loaded
+        # a worker on the controller's machine uses the controller's children: no fork server of its own
+        assert "v41_conformance.shared_pool" in loaded and "v41_conformance.forkserver" not in loaded, loaded
 
 
 def test_xdist_chunks_are_balanced_and_the_rest_stays_heaviest_first():
