@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 TRITON_PIN ?= triton==3.9.0
 REPORT_DIR ?= reports/reference
 
-.PHONY: install run test test-production generate check verify bench clean browser
+.PHONY: install run test test-production test-distributed generate check verify bench clean browser
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,16 @@ test-production: install
 	$(VENV)/bin/conformance run --impl reference --tier production --report-dir reports/production
 	$(PY) -m pytest -q -m production tests/test_production_chain.py
 
+# Remote pytest-xdist workers over real ssh gateways (tests/test_distributed.py; not part of `make test`):
+# an sshd of the test's own on loopback (throwaway keys and port; openssh-server installed where missing),
+# two ssh workers judging the cases from the installed wheel, compared with a serial run.
+test-distributed: install
+	@command -v sshd >/dev/null 2>&1 || test -x /usr/sbin/sshd || \
+		{ apt-get update -qq && apt-get install -y -qq openssh-server; } || \
+		{ sudo apt-get update -qq && sudo apt-get install -y -qq openssh-server; }
+	@mkdir -p /run/sshd 2>/dev/null || sudo mkdir -p /run/sshd
+	$(PY) -m pytest -q -s -m distributed tests/test_distributed.py
+
 # Headless Chromium for tests/test_report_browser.py (Debian; the test skips, saying so, without it).
 browser:
 	apt-get install -y chromium || sudo apt-get install -y chromium
@@ -49,6 +59,8 @@ verify: install
 
 bench: install
 	$(PY) benchmarks/run_overhead.py
+	$(PY) benchmarks/plugin_cost.py
+	$(PY) benchmarks/plugin_parallel.py
 	$(PY) benchmarks/topk.py
 	$(PY) benchmarks/production_tier.py
 

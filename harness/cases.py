@@ -21,14 +21,16 @@ import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import yaml
 
 from .errors import CaseSpecError
 from .ids import make_case_id, matches
 from .yamlio import safe_load
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class CaseSpec:
         return seed_for(self.id)
 
     def generator(self) -> torch.Generator:
+        import torch
+
         gen = torch.Generator()
         gen.manual_seed(self.seed)
         return gen

@@ -11,17 +11,20 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import yaml
 
 from .errors import UsageError
-from .policy import FLOAT_KINDS, Policy
-from .registry import Component, OutputSpec
+from .policy import FLOAT_KINDS, KINDS, TUNABLE, Policy
 from .yamlio import safe_load
 
-DTYPE_KINDS = {torch.bfloat16: "bf16", torch.float32: "f32"}
+if TYPE_CHECKING:  # reading a configuration imports no torch: a pytest-xdist controller plans a run without it
+    import torch
+
+    from .registry import Component
+
+DTYPE_KINDS = {"torch.bfloat16": "bf16", "torch.float32": "f32"}  # by str(dtype)
 
 CONFIG_NAME = "conformance.yaml"
 TOP_KEYS = {"version", "goldens", "cases", "timeout", "tolerances", "floors", "impls", "extends"}
@@ -33,8 +36,10 @@ IMPL_FLAGS = {"accept_ties": ("index", "accept_ties", True),
               "accept_near_ties": ("index", "accept_near_ties", True),
               "strict_boundaries": ("quantised", "accept_boundary", False),
               "strict_signed_zeros": (None, "accept_signed_zeros", False)}  # None: every kind
-IMPL_KEYS = {"python", "command", "batch", "kind", "device", "expectations", "tolerances", "note",
-             "options", "supports", "accumulator_bits", *IMPL_FLAGS}
+IMPL_KEYS = {"python", "command", "batch", "expectations", "tolerances", "note", "supports", "accumulator_bits",
+             *IMPL_FLAGS}
+TOLERANCE_SECTIONS = ("defaults", "components")  # tolerances.defaults.<kind>, tolerances.components.<component>
+TOLERANCE_FIELDS = (*TUNABLE, "note")
 # The implementation's fp8 GEMM accumulator, in significant bits (harness/accumulation.py): 14 as an H800's
 # tensor cores keep (the default), 24 for an fp32 accumulator (judged tighter), fewer for narrower hardware.
 ACCUMULATOR_BITS = (8, 53)
@@ -125,8 +130,8 @@ class Config:
         if cached is not None:
             return cached
         spec = component.output_spec(output)
-        if spec.kind in FLOAT_KINDS and dtype in DTYPE_KINDS:
-            spec = replace(spec, kind=DTYPE_KINDS[dtype])
+        if spec.kind in FLOAT_KINDS and str(dtype) in DTYPE_KINDS:
+            spec = replace(spec, kind=DTYPE_KINDS[str(dtype)])
         key = (component.name, spec, own)
         cached = self._policies.get(key)
         if cached is None:
@@ -136,6 +141,8 @@ class Config:
 
     def boundary_policy(self, component: Component, impl: dict[str, Any] | None = None) -> Policy:
         """The quantised policy (boundary_ulps, accept_boundary) for flips inside a computation."""
+        from .registry import OutputSpec
+
         spec = OutputSpec("(internal)", "quantised", quant="-", pre="-")
         key = (component.name, spec, tuple(bool((impl or {}).get(flag)) for flag in IMPL_FLAGS))
         if key not in self._policies:
@@ -160,6 +167,9 @@ class Config:
             own = ((impl.get("tolerances") or {}).get(component.name) or {})
             own_flat = {k: v for k, v in own.items() if not isinstance(v, dict)}
             policy = policy.with_overrides(own_flat, f"{where}: impl tolerances.{component.name}")
+            own_nested = own.get(spec.name)
+            if isinstance(own_nested, dict):
+                policy = policy.with_overrides(own_nested, f"{where}: impl tolerances.{component.name}.{spec.name}")
             bits = impl.get("accumulator_bits")
             if bits is not None:
                 lo, hi = ACCUMULATOR_BITS
@@ -170,24 +180,63 @@ class Config:
         return policy
 
     def validate(self) -> None:
-        """Resolve every policy once so a bad tolerance is a usage error before anything runs."""
+        """Every key names something real, and every policy resolves, so a misplaced or mistyped
+        tolerance is a usage error before anything runs (never a block that silently does nothing)."""
+        import torch
+
+        from .expectations import load_expectations
         from .registry import components
 
         registry = components()
         known = set(registry)
         for name, block in (self.tolerances.get("components") or {}).items():
+            where = f"{self.path}: tolerances.components.{name}"
             if name not in known:
-                raise UsageError(f"{self.path}: tolerances.components.{name}: no such component; known: {', '.join(sorted(known))}")
-            if not isinstance(block, dict):
-                raise UsageError(f"{self.path}: tolerances.components.{name} must be a mapping")
+                raise UsageError(f"{where}: no such component; known: {', '.join(sorted(known))}")
+            _check_component_block(block, where, registry[name])
         for name in self.floors:
             if name not in known:
-                raise UsageError(f"{self.path}: floors.{name}: no such component")
+                raise UsageError(f"{self.path}: floors.{name}: no such component; allowed: default, "
+                                 f"{', '.join(sorted(known))}")
+        for impl_name, impl in self.impls.items():
+            where = f"{self.path}: impls.{impl_name}.tolerances"
+            own = impl.get("tolerances") or {}
+            if not isinstance(own, dict):
+                raise UsageError(f"{where} must be a mapping of component: {{tolerance field: value}}")
+            for name, block in own.items():
+                if name not in known:
+                    raise UsageError(f"{where}.{name}: no such component; known: {', '.join(sorted(known))}")
+                _check_component_block(block, f"{where}.{name}", registry[name])
+            load_expectations(impl, self.root, f"{self.path}: impls.{impl_name}")
         for component in registry.values():
-            for output in component.outputs:
-                dtypes = DTYPE_KINDS if output.kind in FLOAT_KINDS else (None,)
+            for output in component.outputs + component.intermediates:
+                dtypes = (torch.bfloat16, torch.float32) if output.kind in FLOAT_KINDS else (None,)
                 for dtype in dtypes:
-                    self.policy(component, output.name, dtype=dtype)
+                    for impl in (None, *(conf for conf in self.impls.values() if _changes_policies(conf))):
+                        self.policy(component, output.name, impl, dtype=dtype)
+
+    def overrides(self, impl_name: str | None = None) -> list[dict[str, Any]]:
+        """Every tolerance, floor, timeout and per-implementation switch or tolerance in which this
+        configuration differs from the packaged defaults (the store installed with the harness), as
+        {key, value, default} (None: not set). results.json, the console and every report list them."""
+        from . import store
+
+        default = store.default_config()
+        mine, theirs = _flat_settings(self), {}
+        if default is not None:
+            theirs = _flat_settings(load_config(default))
+            if self.tier != "small":  # the tier's own default timeout is no override
+                theirs["timeout"] = max(theirs["timeout"], PRODUCTION_TIMEOUT)
+        out = [{"key": key, "value": mine.get(key), "default": theirs.get(key)}
+               for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)]
+        impl = self.impls.get(impl_name) or {}
+        for flag in IMPL_FLAGS:
+            if impl.get(flag):
+                out.append({"key": f"impls.{impl_name}.{flag}", "value": True, "default": False})
+        for key, value in sorted(_leaves(impl.get("tolerances") or {}, f"impls.{impl_name}.tolerances").items()):
+            packaged_key = "tolerances.components." + key.split(".tolerances.", 1)[1]
+            out.append({"key": key, "value": value, "default": theirs.get(packaged_key)})
+        return out
 
     def floor(self, component: Component) -> int:
         if component.name in self.floors:
@@ -195,6 +244,67 @@ class Config:
         if self.default_floor is not None:
             return self.default_floor
         return component.floor
+
+
+def _changes_policies(impl: dict[str, Any]) -> bool:
+    return bool(impl.get("tolerances")) or any(impl.get(flag) for flag in IMPL_FLAGS)
+
+
+def _check_fields(block: Any, where: str) -> None:
+    """A block of tolerance fields (their values are checked when the policy resolves)."""
+    if not isinstance(block, dict):
+        raise UsageError(f"{where} must be a mapping of tolerance fields ({', '.join(TOLERANCE_FIELDS)})")
+    unknown = sorted(set(block) - set(TOLERANCE_FIELDS))
+    if unknown:
+        raise UsageError(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(TOLERANCE_FIELDS)}")
+
+
+def _check_component_block(block: Any, where: str, component: Component) -> None:
+    """A component's tolerances: fields for every output, and a block of fields per output."""
+    outputs = [o.name for o in component.outputs + component.intermediates]
+    if not isinstance(block, dict):
+        raise UsageError(f"{where} must be a mapping of tolerance fields and output blocks")
+    for key, value in block.items():
+        if key in TOLERANCE_FIELDS and not isinstance(value, dict):
+            continue
+        if key in outputs:
+            _check_fields(value, f"{where}.{key}")
+            continue
+        what = "a tolerance field takes a number or true/false, not a mapping" if key in TOLERANCE_FIELDS else \
+            f"neither a tolerance field nor an output of {component.name}"
+        raise UsageError(f"{where}.{key}: {what}; allowed: the fields {', '.join(TOLERANCE_FIELDS)}, "
+                         f"or a block per output: {', '.join(outputs)}")
+
+
+def _check_tolerance_sections(tolerances: dict, path: Path) -> None:
+    """tolerances: holds `defaults` (per kind) and `components` (per component) and nothing else."""
+    for key, value in tolerances.items():
+        if key not in TOLERANCE_SECTIONS:
+            raise UsageError(f"{path}: tolerances.{key}: unknown key; allowed: {', '.join(TOLERANCE_SECTIONS)} "
+                             f"(a component's tolerances go under tolerances.components.<component>)")
+        if value is not None and not isinstance(value, dict):
+            raise UsageError(f"{path}: tolerances.{key} must be a mapping")
+    for kind, block in (tolerances.get("defaults") or {}).items():
+        if kind not in KINDS:
+            raise UsageError(f"{path}: tolerances.defaults.{kind}: unknown kind; allowed: {', '.join(KINDS)}")
+        _check_fields(block, f"{path}: tolerances.defaults.{kind}")
+
+
+def _leaves(tree: dict, prefix: str) -> dict[str, Any]:
+    """{dotted.key: value} of every leaf of a nested mapping, notes left out."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_leaves(value, f"{prefix}.{key}"))
+        elif key != "note":
+            out[f"{prefix}.{key}"] = value
+    return out
+
+
+def _flat_settings(config: Config) -> dict[str, Any]:
+    """The settings a configuration may change from the packaged defaults, as dotted keys."""
+    floors = {**config.floors, **({"default": config.default_floor} if config.default_floor is not None else {})}
+    return {**_leaves(config.tolerances, "tolerances"), **_leaves(floors, "floors"), "timeout": config.timeout}
 
 
 def find_config(start: Path | None = None) -> Path | None:
@@ -291,10 +401,7 @@ def load_config(path: Path | None = None) -> Config:
         if supports is not None and (not isinstance(supports, list) or not all(isinstance(p, str) for p in supports)):
             raise UsageError(f"{path}: impls.{name}.supports must be a list of component name patterns "
                              f"(e.g. [quant.*, indexer.select]), not {supports!r}")
-    for section in ("defaults", "components"):
-        value = config.tolerances.get(section, {})
-        if value is not None and not isinstance(value, dict):
-            raise UsageError(f"{path}: tolerances.{section} must be a mapping")
+    _check_tolerance_sections(config.tolerances, path)
     return config
 
 

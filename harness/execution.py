@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from .adapters.loader import ImplSpec, instantiate
 from .config import Config, load_config
 from .errors import GoldenError, HarnessError, UsageError
 from .golden import read_manifest
+from .rundir import output_file
 from .runner import CaseResult, run_case
 
 
@@ -61,11 +61,10 @@ def config_of(run: dict) -> Config:
 
 def store_problem(config: Config, run: dict) -> str:
     """'' when this process judges the store the controller judged; else why every case is an error."""
-    host = socket.gethostname()
+    host = store.worker_name()
     theirs = run.get("harness_version")
     if theirs is not None and theirs != __version__:
-        return (f"this worker ({host}) runs v41-conformance {__version__} but the controller runs {theirs}: "
-                "install the same version on every machine of the run")
+        return store.version_refusal(theirs)
     want, mine = run.get("store"), store.identity(config.goldens, config.tier)
     if want and not store.same_store(want, mine):
         return (f"this worker ({host}) judges the {store.describe(mine)} but the controller judged the "
@@ -85,6 +84,7 @@ class CaseExecutor:
     run_dir: str | None = None  # the run's private folder (v41_conformance.rundir): output capture, children
     workers: int = 1  # isolation children run in parallel by this process (v41_conformance.pool)
     order: tuple[str, ...] = ()  # a pool run: every case, in the order they should start
+    run_doc: dict = dataclasses.field(default_factory=dict)  # the run document it was built from (its children's)
     _impl: Any = None
     _pool: Any = None
     _manifest_error: str = ""
@@ -112,6 +112,7 @@ class CaseExecutor:
                        tuple(run.get("cases", ())) if run.get("prefetch") else ())
         executor._manifest_error = problem
         executor._store_error = store_problem(config, run)
+        executor.run_doc = run
         return executor
 
     def run(self, case_id: str, on_executed=None) -> CaseResult:
@@ -142,10 +143,7 @@ class CaseExecutor:
             self.manifest, self._manifest_error = {}, str(exc)
 
     def _output_file(self, case_id: str) -> str | None:
-        """Where this case's output is captured: `<run dir>/output/<component>__<case>.log`."""
-        if not self.run_dir or not (Path(self.run_dir) / "output").exists():
-            return None
-        return str(Path(self.run_dir) / "output" / (case_id.replace("/", "__") + ".log"))
+        return output_file(self.run_dir, case_id)
 
     def impl(self):
         if self._impl is None:
@@ -166,7 +164,7 @@ class CaseExecutor:
             # With `order` (a pool run) every case is queued at once and each item waits for its
             # own result; without it (a pytest-xdist worker, which owns only some cases) a case is
             # queued when its item asks for it.
-            self._pool = CasePool(self, self.workers, list(self.order))
+            self._pool = CasePool(self.run_doc, self.workers, list(self.order))
         return self._pool.result(case_id)
 
     def close(self) -> None:

@@ -28,6 +28,7 @@ from .errors import UsageError
 from .yamlio import safe_load
 
 EXPECTABLE = ("fail", "error", "crash", "timeout")
+ENTRY_KEYS = ("pattern", "status", "reason")
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,11 @@ def load_expectations(impl_conf: dict[str, Any], root: Path, where: str) -> list
         raise UsageError(f"{where}: expectations must be a list of {{pattern, status, reason}}")
     out = []
     for i, entry in enumerate(raw):
-        if not isinstance(entry, dict) or not {"pattern", "status", "reason"} <= set(entry):
+        if not isinstance(entry, dict) or not set(ENTRY_KEYS) <= set(entry):
             raise UsageError(f"{where}: expectations[{i}] needs pattern, status and reason")
+        unknown = sorted(set(entry) - set(ENTRY_KEYS))
+        if unknown:
+            raise UsageError(f"{where}: expectations[{i}]: unknown key(s) {unknown}; allowed: {', '.join(ENTRY_KEYS)}")
         if entry["status"] not in EXPECTABLE:
             raise UsageError(f"{where}: expectations[{i}].status {entry['status']!r} must be one of {EXPECTABLE}")
         out.append(Expectation(str(entry["pattern"]), entry["status"], str(entry["reason"])))

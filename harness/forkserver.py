@@ -18,7 +18,8 @@ import multiprocessing as mp
 import os
 import threading
 
-PRELOAD = ["v41_conformance._forkserver_guard", "torch", "v41_conformance.isolation", "v41_conformance.components"]
+PRELOAD = ["v41_conformance._forkserver_guard", "torch", "v41_conformance.isolation", "v41_conformance.components",
+           "v41_conformance.execution"]  # what every child imports: once, in the server
 _LOCK = threading.Lock()
 
 

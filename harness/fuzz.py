@@ -261,7 +261,7 @@ def _executor_run(config: Config, store: Store, options: FuzzOptions, run_dir) -
             "impl": {"name": spec.name, "kind": spec.kind, "target": spec.target, "root": spec.root, "conf": spec.conf},
             "device": options.device, "timeout": options.timeout or config.timeout, "isolate": options.isolate,
             "workers": 1, "prefetch": False,
-            "diagnosis_budget": 0.0}  # shrinking compares failures' signatures: no diagnosis of each candidate
+            "diagnosis_budget": 0}  # shrinking compares failures' signatures: no diagnosis of each candidate
 
 
 def _shrink(failure: dict, space: Space, config: Config, store: Store, executor, deadline: float,

@@ -16,15 +16,13 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
+from typing import TYPE_CHECKING, Any
 
 from .errors import CaseSpecError, GoldenError
 from .ids import check_case_id
+
+if TYPE_CHECKING:  # torch and safetensors are imported where tensors are read or written, so that
+    import torch   # reading the manifest (which cases exist) stays light
 
 SCHEMA_VERSION = 1
 MANIFEST = "MANIFEST.json"
@@ -61,12 +59,17 @@ def golden_path(goldens_dir: Path, case_id: str) -> Path:
 
 
 def encode(golden: Golden) -> bytes:
+    from safetensors.torch import save as st_save
+
     tensors = {k: v.detach().cpu().clone().contiguous() for k, v in sorted(golden.tensors().items())}
     meta = json.dumps(golden.meta, sort_keys=True, separators=(",", ":"))
     return st_save(tensors, metadata={"conformance": meta})
 
 
 def decode(data: bytes, where: str) -> Golden:
+    from safetensors import SafetensorError
+    from safetensors.torch import load as st_load
+
     """Parse golden bytes; every problem is a GoldenError naming `where`."""
     try:
         tensors = st_load(data)

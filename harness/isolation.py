@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 from . import capture, forkserver
 from .ids import split_case_id
+from .case_result import CaseResult
 from .rundir import register_child
-from .runner import CaseResult
 
 LOAD_TIMEOUT = 180.0  # seconds a fresh child may take to import torch and load the implementation
 JUDGING_MIN = 1800.0  # seconds the harness's judgement of one case's outputs may take at least
@@ -69,7 +69,7 @@ def _child_main(conn, run_config: dict) -> None:
     os.chdir(run_config["cwd"])
     from .execution import CaseExecutor
 
-    executor = CaseExecutor.from_run({**run_config, "isolate": False})
+    executor = CaseExecutor.from_run(run_config)
     try:
         from .registry import components
 
@@ -100,26 +100,16 @@ class _Child:
 
 
 class IsolatedWorker:
-    """Runs cases for a `CaseExecutor` in a child process with a per-case timeout; `slot` numbers
-    the children of a pool (a child in slot K takes CUDA device K mod count under `--device cuda`)."""
+    """Runs cases of a run in a child process with a per-case timeout. `run` is the run's document
+    (`v41_conformance.session.run_document`: plain JSON), which is all the child needs to rebuild
+    the configuration and the implementation, so the process driving it needs neither (an xdist
+    worker of the pytest plugin never imports torch). `slot` numbers the children of a pool (a
+    child in slot K takes CUDA device K mod count under `--device cuda`)."""
 
-    def __init__(self, executor, slot: int = 0):
-        self.executor = executor
+    def __init__(self, run: dict, slot: int = 0):
+        self.timeout = float(run["timeout"])
+        self.run_config = {**run, "isolate": False, "workers": 1, "prefetch": False, "cases": [], "slot": slot}
         self.slot = slot
-        self.run_config = {
-            "config": str(executor.config.path),
-            "settings": executor.config.settings(),
-            "tier": executor.config.tier,
-            "goldens_dir": str(executor.config.goldens),
-            "cases_dir": str(executor.config.cases),
-            "impl": {"name": executor.spec.name, "kind": executor.spec.kind, "target": executor.spec.target,
-                     "root": executor.spec.root, "conf": executor.spec.conf},
-            "device": executor.device,
-            "timeout": executor.timeout,
-            "diagnosis_budget": executor.config.diagnosis_budget,
-            "run_dir": executor.run_dir,
-            "slot": slot,
-        }
         self.child: _Child | None = None
         self.broken = ""
         self._lock = threading.Lock()  # stop() may come from another thread (the end of a run)
@@ -143,7 +133,7 @@ class IsolatedWorker:
             self._stop(kill=True)
             return self._run(case_id, output)
         start = time.perf_counter()  # the case's clock starts when the child has it
-        deadline = start + self.executor.timeout
+        deadline = start + self.timeout
         executed = None  # when the implementation finished: the rest is the harness's judgement
         while True:
             remaining = deadline - time.perf_counter()
@@ -152,11 +142,11 @@ class IsolatedWorker:
                 if executed is not None:
                     return CaseResult(case_id, component, "error",
                                       f"the implementation ran in {executed - start:.1f} s, but the harness's judgement "
-                                      f"of its outputs did not finish within {judging_limit(self.executor.timeout):g} s "
+                                      f"of its outputs did not finish within {judging_limit(self.timeout):g} s "
                                       "after it (a harness problem: please report it with this case)",
                                       duration_s=time.perf_counter() - start)
                 return CaseResult(case_id, component, "timeout",
-                                  f"no result after {self.executor.timeout:g} s; the worker's process group was killed "
+                                  f"no result after {self.timeout:g} s; the worker's process group was killed "
                                   "and a fresh worker took the next case (raise --timeout if the case is just slow)",
                                   duration_s=time.perf_counter() - start)
             try:
@@ -170,7 +160,7 @@ class IsolatedWorker:
                     return self._crashed(child, case_id, component, start)
                 if kind == "executed":  # the timeout covers the implementation, not the judgement
                     executed = time.perf_counter()
-                    deadline = executed + judging_limit(self.executor.timeout)
+                    deadline = executed + judging_limit(self.timeout)
                     continue
                 result = CaseResult.from_json(payload)
                 if any(m in result.message for m in STICKY_CUDA_MARKERS):
@@ -206,7 +196,7 @@ class IsolatedWorker:
         child.close()
         self.child = _Child(process, parent)
         # Wait for the child to load the implementation (import time does not count against a case).
-        limit = max(LOAD_TIMEOUT, self.executor.timeout)
+        limit = max(LOAD_TIMEOUT, self.timeout)
         if parent.poll(limit):
             try:
                 kind, payload = parent.recv()

@@ -14,19 +14,23 @@ from __future__ import annotations
 import threading
 from collections import deque
 
+from .case_result import CaseResult
 from .isolation import IsolatedWorker
-from .runner import CaseResult
+from .rundir import output_file
 
 
 class CasePool:
-    def __init__(self, executor, size: int, order: list[str]):
-        self.executor = executor
+    """`size` isolation children judging the cases of the run document `run` (`order`: the cases to
+    queue now, in the order they should start; a case asked for later is queued then)."""
+
+    def __init__(self, run: dict, size: int, order: list[str]):
+        self.run_dir = run.get("run_dir")
         self._queue = deque(order)
         self._results: dict[str, CaseResult] = {}
         self._running: set[str] = set()
         self._cond = threading.Condition()
         self._closed = False
-        self.workers = [IsolatedWorker(executor, slot) for slot in range(max(1, size))]
+        self.workers = [IsolatedWorker(run, slot) for slot in range(max(1, size))]
         self._threads = [threading.Thread(target=self._drive, args=(w,), name=f"conformance-slot-{w.slot}", daemon=True)
                          for w in self.workers]
         for thread in self._threads:
@@ -42,7 +46,7 @@ class CasePool:
                 case_id = self._queue.popleft()
                 self._running.add(case_id)
             try:
-                result = worker.run(case_id, self.executor._output_file(case_id))
+                result = worker.run(case_id, output_file(self.run_dir, case_id))
             except Exception as exc:  # a harness bug: never blame the implementation for it
                 from .ids import split_case_id
 

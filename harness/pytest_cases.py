@@ -1,31 +1,28 @@
 """The pytest plugin a kernel team's own suite loads (entry point `pytest11: conformance`).
 
-`pytest --conformance-impl mypkg.kernels:Impl` in any project collects one test per case, named
-by its case id, with the statuses, isolation, timeouts, expectations and report files of
-`conformance run` (pass; fail/error/crash/timeout fail the test; unsupported skips; an expected
-failure is an xfail, an unexpected pass fails). Without `--conformance-impl` the plugin does
-nothing, so installing the harness changes no other pytest run.
+`pytest --conformance-impl mypkg.kernels:Impl` in any project collects one test per case, node id
+`conformance::<case id>`, with the statuses, isolation, timeouts, expectations, reports and verdict
+of `conformance run` (`v41_conformance.pytest_run`). `pytest 'conformance::<case id>'
+--conformance-impl ...` re-runs that case alone.
 
-The implementation comes from `--conformance-impl` (any `--impl` form) unless the project's own
-`conftest.py` overrides the `conformance_impl` fixture (one built on the team's GPU, say); that
-object then runs in the test process itself, without isolation. xdist works unchanged: every
-process selects the same cases, and each worker judges its share.
+Every pytest run in an environment that has the harness installed imports this module, so it
+imports nothing but pytest: without --conformance-impl it only registers its options and the
+`conformance_impl` fixture. One check stays on: a conftest.py that overrides `conformance_impl` to
+hand the cases an object of its own, in a run without --conformance-impl (which collects no case),
+ends the session with a usage error instead of judging nothing in silence. An override that returns
+`FROM_OPTION` (falling back to --conformance-impl) is not one.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+import sys
 
 import pytest
 
-from .pytest_plugin import MESSAGE_CHARS, RESULT_KEY, ResultCollector
-
 FROM_OPTION = object()  # the default `conformance_impl`: build the implementation from --conformance-impl
+NODE_PREFIX = "conformance::"  # a case's node id is NODE_PREFIX + its case id
+OVERRIDE_CHECK = "conformance-impl-override"  # registered when a conftest.py overrides conformance_impl
+RUN = "conformance-run"  # the plugin object of a run (v41_conformance.pytest_run.ConformanceRun)
 
 
 def pytest_addoption(parser):
@@ -48,90 +45,18 @@ def pytest_addoption(parser):
                     help="run the implementation in the test process (no crash or hang protection)")
 
 
-@dataclass
-class Plan:
-    """What every process of the session agrees on: the configuration, the options, the cases."""
-
-    config: Any
-    options: Any
-    ids: list[str]
-    token: str
-    started: float = field(default_factory=time.time)
-    _spec: Any = None
-    _expectations: Any = None
-    _manifest: Any = None
-
-    @property
-    def conf(self) -> dict:
-        """The implementation's conformance.yaml entry ({} for a target named by path or module)."""
-        return self.config.impls.get(self.options.impl, {})
-
-    def expectations(self) -> list:
-        from .expectations import load_expectations
-
-        if self._expectations is None:
-            self._expectations = load_expectations(self.conf, self.config.root, f"{self.config.path}: impls")
-        return self._expectations
-
-    def manifest(self) -> dict:
-        from .golden import read_manifest
-
-        if self._manifest is None:
-            self._manifest = read_manifest(self.config.goldens)
-        return self._manifest
-
-    def spec(self):
-        from .adapters.loader import resolve
-
-        if self._spec is None:
-            self._spec = resolve(self.options.impl, self.config)
-        return self._spec
-
-    def document(self) -> dict:
-        from .session import run_document
-
-        return run_document(self.config, self.options, self.spec(), self.ids, self.token, None)
-
-
-def _plan(config) -> Plan | None:
-    impl = config.getoption("conformance_impl")
-    if not impl:
-        return None
-    from .config import load_config
-    from .ids import parse_select
-    from .session import RunOptions, select_case_ids
-
-    select = parse_select(config.getoption("conformance_select"))
-    path = config.getoption("conformance_config")
-    harness_config = load_config(Path(path) if path else None)
-    harness_config.validate()
-    harness_config = harness_config.for_tier(config.getoption("conformance_tier"))
-    report_dir = config.getoption("conformance_report_dir")
-    options = RunOptions(impl=impl, select=select, report_dir=Path(report_dir or "reports/latest"),
-                         device=config.getoption("conformance_device"), timeout=config.getoption("conformance_timeout"),
-                         isolate=not config.getoption("conformance_no_isolate"), tier=harness_config.tier,
-                         config_path=config.getoption("conformance_config"))
-    ids = select_case_ids(harness_config, select)
-    token = hashlib.sha256(json.dumps([impl, ids, str(harness_config.path), harness_config.tier]).encode()).hexdigest()[:16]
-    return Plan(harness_config, options, ids, token)
-
-
-PLAN = pytest.StashKey[Plan | None]()
-COLLECTOR = pytest.StashKey[ResultCollector]()
-
-
 def pytest_configure(config):
-    from .errors import HarnessError
+    chosen = [arg[len(NODE_PREFIX):] for arg in config.args if arg.startswith(NODE_PREFIX)]
+    impl = config.getoption("conformance_impl")
+    if chosen:  # node ids of cases: no file to collect, the plugin selects them
+        if not impl:
+            raise pytest.UsageError(f"{NODE_PREFIX}{chosen[0]}: a conformance case runs only with --conformance-impl "
+                                    "NAME (the implementation it judges)")
+        config.args[:] = [arg for arg in config.args if not arg.startswith(NODE_PREFIX)]
+    if impl:
+        from .pytest_run import ConformanceRun
 
-    try:
-        plan = _plan(config)
-    except HarnessError as exc:
-        raise pytest.UsageError(f"--conformance-impl: {exc}") from None
-    config.stash[PLAN] = plan
-    if plan is not None and not hasattr(config, "workerinput"):  # the controller gathers the results
-        collector = ResultCollector()
-        config.stash[COLLECTOR] = collector
-        config.pluginmanager.register(collector, "conformance-results")
+        config.pluginmanager.register(ConformanceRun(config, chosen), RUN)
 
 
 @pytest.fixture(scope="session")
@@ -141,102 +66,32 @@ def conformance_impl():
     return FROM_OPTION
 
 
-class Cases(pytest.Collector):
-    """The conformance cases of this session (node id `conformance`)."""
+class OverrideCheck:
+    """A conftest.py overrides `conformance_impl`: with --conformance-impl its object is judged;
+    without it no case is collected, so an object it hands over would be judged by nothing."""
 
-    def collect(self):
-        plan = self.config.stash[PLAN]
-        for case_id in plan.ids:
-            yield pytest.Function.from_parent(self, name=case_id, callobj=_judge_case)
-
-
-@pytest.hookimpl(tryfirst=True)  # before -k, -m and --deselect act on the items
-def pytest_collection_modifyitems(session, config, items):
-    plan = config.stash.get(PLAN, None)
-    if plan is None:
-        return
-    collection = Cases.from_parent(session, name="conformance", nodeid="conformance")
-    items.extend(collection.collect())
-
-
-_EXECUTORS: dict[str, Any] = {}
+    @pytest.fixture(scope="session", autouse=True)
+    @classmethod
+    def _conformance_impl_without_the_option(cls, request):
+        if request.config.getoption("conformance_impl"):
+            return
+        if request.getfixturevalue("conformance_impl") is not FROM_OPTION:
+            message = ("your conftest.py supplies the conformance_impl fixture, but without --conformance-impl no "
+                       "conformance case is collected, so nothing would judge it: pass --conformance-impl NAME (the "
+                       "name the reports give your implementation), or return "
+                       "v41_conformance.pytest_cases.FROM_OPTION when the cases are not wanted")
+            if hasattr(request.config, "workerinput"):  # an xdist worker cannot end the session: every test errors
+                pytest.fail(message, pytrace=False)
+            pytest.exit(message, returncode=pytest.ExitCode.USAGE_ERROR)
 
 
-def _executor(plan: Plan):
-    from .execution import CaseExecutor
-
-    executor = _EXECUTORS.get(plan.token)
-    if executor is None:
-        executor = _EXECUTORS[plan.token] = CaseExecutor.from_run(plan.document())
-    return executor
+def overrides_the_fixture(plugin) -> bool:
+    """A plugin (a conftest.py module, say) that defines its own `conformance_impl` fixture."""
+    own = getattr(plugin, "conformance_impl", None)
+    return plugin is not sys.modules[__name__] and own is not None and own is not conformance_impl \
+        and isinstance(own, type(conformance_impl))
 
 
-def pytest_sessionfinish(session, exitstatus):
-    for executor in _EXECUTORS.values():
-        executor.close()
-    _EXECUTORS.clear()
-    plan = session.config.stash.get(PLAN, None)
-    collector = session.config.stash.get(COLLECTOR, None)
-    if plan is None or collector is None or not session.config.getoption("conformance_report_dir"):
-        return
-    _write_reports(plan, collector)
-
-
-def _judge_case(request, conformance_impl):
-    """One case: its verdict, as a pytest outcome."""
-    from .expectations import apply_expectations
-    from .ids import split_case_id
-    from .runner import CaseResult, run_case
-
-    plan: Plan = request.config.stash[PLAN]
-    case_id = request.node.name
-    if conformance_impl is FROM_OPTION:
-        executor = _executor(plan)
-        try:
-            result = executor.run(case_id)
-        except Exception as exc:  # a harness bug: never blame the implementation for it
-            result = CaseResult(case_id, split_case_id(case_id)[0], "error",
-                                f"harness internal error (please report): {type(exc).__name__}: {exc}")
-    else:  # the project's own object, in this process
-        result = run_case(case_id, plan.config, conformance_impl, plan.options.impl, plan.manifest(), plan.conf)
-    data = result.to_json()
-    data["repro"] = plan.options.repro(case_id)
-    apply_expectations([data], plan.expectations())
-    if len(data.get("message") or "") > MESSAGE_CHARS:
-        data["message"] = data["message"][:MESSAGE_CHARS] + "\n[...]"
-    request.node.user_properties.append((RESULT_KEY, json.dumps(data)))
-    status, message = data["status"], data.get("message") or ""
-    if status in ("pass", "partial"):  # partial: what was judged passed; results.json names the declined
-        return
-    if status == "unsupported":
-        pytest.skip(message)
-    if status == "xfail":
-        pytest.xfail(data.get("expectation") or message)
-    pytest.fail(f"{case_id}: {status}: {message}", pytrace=False)
-
-
-def _write_reports(plan: Plan, collector: ResultCollector) -> None:
-    from .report import write_reports
-    from .session import NOT_RUN, summarise
-
-    results = []
-    for case_id in plan.ids:
-        data = collector.results.get(case_id)
-        if data is None:
-            from .ids import split_case_id
-
-            data = {"id": case_id, "component": split_case_id(case_id)[0], "status": NOT_RUN, "outputs": {},
-                    "message": "not run: deselected, or the session ended before it; this says nothing about "
-                               "the implementation", "repro": plan.options.repro(case_id)}
-        results.append(data)
-    stale = [f"{e.pattern} ({e.status}: {e.reason})" for e in plan.expectations()
-             if not any(e.matches(d["id"]) for d in results)]
-    try:
-        spec = plan.spec()
-    except Exception:  # a fixture supplied the implementation and the name resolves to nothing
-        from .adapters.loader import ImplSpec
-
-        spec = ImplSpec(plan.options.impl, "python")
-    doc = summarise(plan.config, plan.options, spec, results, stale, plan.started,
-                    selection={"total": len(plan.ids), "owned": len(plan.ids)})
-    write_reports(doc, plan.options.report_dir)
+def pytest_plugin_registered(plugin, manager):
+    if not manager.has_plugin(OVERRIDE_CHECK) and overrides_the_fixture(plugin):
+        manager.register(OverrideCheck(), OVERRIDE_CHECK)

@@ -96,6 +96,14 @@ class RunDir:
             entry.unlink(missing_ok=True)
 
 
+def output_file(run_dir: str | None, case_id: str) -> str | None:
+    """Where a case's output is captured: `<run dir>/output/<component>__<case>.log` (None without
+    a run dir: the pytest plugin's runs capture nothing to a file)."""
+    if not run_dir or not (Path(run_dir) / "output").exists():
+        return None
+    return str(Path(run_dir) / "output" / (case_id.replace("/", "__") + ".log"))
+
+
 def register_child(run_dir: str | None, pid: int) -> None:
     """Record an isolation child (a process-group leader) so the run kills its group at the end."""
     if run_dir:

@@ -3,12 +3,16 @@
 The results document (`results.json`) is the single source of truth; every renderer reads it.
 Schema (version 1)::
 
-    {schema, impl, impl_kind, device, select, shard ([I, N] or null), tier, started, duration_s, exit_code,
-     selection: {total, owned, ids_sha256},   # the cases chosen before sharding, those this run owned
+    {schema, impl, impl_kind, device, select, shard ([I, N] or null), tier, started, duration_s,
+     exit_code,                  # the process's: `conformance run`'s, or the pytest session's (the plugin)
+     selection: {total, owned, ids_sha256, deselected},  # the cases chosen before sharding, those this run
+                                 # owned, those pytest's -k/-m/--deselect left out (the plugin)
      stopped,                    # why the run ended early ('' when it ran to the end), not_run
      versions: {harness, torch, python, platform},
      store: {package, version, origin (package | checkout | custom), tier, manifest_sha256},  # harness/store.py
      config: {path, layered_on},  # the conformance.yaml read, and the default store's it was layered on
+     overrides: [{key, value, default}],  # every tolerance, floor, timeout or switch the configuration
+                                 # changed from the packaged defaults (harness/config.py)
      goldens: {dir, manifest_sha256},
      components: {name: {cases, pass, fail, error, crash, timeout, unsupported, xfail, xpass,
                          floor, floor_ok, tie_rows, near_tie_rows, boundary_flips, signed_zeros, verdict}},
@@ -45,11 +49,9 @@ import hashlib
 import json
 import os
 import platform
-import shlex
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,72 +59,22 @@ import torch
 
 from . import __version__
 from .adapters.loader import instantiate, resolve
-from .cases import load_cases
 from .config import Config
 from .diff import diff_results
 from .differences import DIFFERENCES
 from .errors import UsageError
 from .expectations import apply_expectations, load_expectations
-from .golden import MANIFEST, discover, read_manifest
-from .ids import matches, split_case_id
+from .golden import MANIFEST
+from .ids import split_case_id
+from .plan import (DEFAULT_REPORT_DIR, RunOptions, case_costs, ids_digest, run_document,  # noqa: F401  (re-exported)
+                   select_case_ids, shard_ids)
 from .registry import components
 from .rundir import RunDir
 from .runner import STATUSES
 from .store import identity
 
 RESULTS_SCHEMA = 1
-DEFAULT_REPORT_DIR = "reports/latest"
 NOT_RUN = "not_run"
-
-
-@dataclass
-class RunOptions:
-    impl: str
-    select: list[str]
-    report_dir: Path
-    workers: str = "0"
-    device: str = "cpu"
-    timeout: float | None = None
-    isolate: bool = True
-    shard: tuple[int, int] | None = None
-    pytest_args: tuple[str, ...] = ()
-    config_path: str | None = None  # --config as the user gave it (for re-run commands)
-    tier: str = "small"
-    stores: tuple[str | None, str | None] = (None, None)  # --goldens, --cases as given
-    baseline: Path | None = None  # a report dir or results.json to diff against (harness/diff.py)
-    diagnosis_budget: int | None = None  # re-runs per failing case (None: the configuration's; 0: off)
-
-    def repro(self, case_id: str) -> str:
-        """The command that re-runs exactly this case the way this run ran it."""
-        parts = ["conformance", "run", "--impl", self.impl, "--select", case_id]
-        if self.config_path:
-            parts += ["--config", self.config_path]
-        if self.tier != "small":
-            parts += ["--tier", self.tier]
-        for flag, value in zip(("--goldens", "--cases"), self.stores):
-            if value:
-                parts += [flag, value]
-        if self.device != "cpu":
-            parts += ["--device", self.device]
-        if self.timeout is not None:
-            parts += ["--timeout", f"{self.timeout:g}"]
-        if not self.isolate:
-            parts.append("--no-isolate")
-        if str(self.report_dir) != DEFAULT_REPORT_DIR:
-            parts += ["--report-dir", str(self.report_dir)]
-        return " ".join(shlex.quote(p) for p in parts)
-
-
-def select_case_ids(config: Config, select: list[str]) -> list[str]:
-    """Every case the run should judge: specs, manifest entries and files on disk."""
-    ids = set(discover(config.goldens))
-    try:
-        ids |= set(read_manifest(config.goldens))
-    except Exception:  # a corrupt manifest is reported per case by the executor
-        pass
-    if config.cases.exists():
-        ids |= {spec.id for spec in load_cases(config.cases)}
-    return sorted(i for i in ids if matches(i, select))
 
 
 XDIST_FLAGS = ("-n", "--numprocesses", "--tx", "-d", "--dist", "--maxprocesses")
@@ -135,21 +87,6 @@ def _xdist_requested(pytest_args: tuple[str, ...]) -> bool:
                for a in pytest_args for flag in XDIST_FLAGS)
 
 
-def case_costs(config: Config, ids: list[str]) -> dict[str, float]:
-    from .workers import estimate
-
-    try:
-        manifest = read_manifest(config.goldens, drop_invalid=True)
-    except Exception:  # a corrupt manifest is reported per case by the executor
-        manifest = {}
-    return {i: estimate(i, manifest, config.goldens) for i in ids}
-
-
-def ids_digest(ids: list[str]) -> str:
-    """Which cases a run chose from (before sharding): shards of one run agree on it."""
-    return hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()
-
-
 def read_baseline(path: Path) -> dict:
     """A results document from a report dir or a results.json (UsageError naming the file)."""
     from .report import read_results
@@ -157,33 +94,22 @@ def read_baseline(path: Path) -> dict:
     return read_results(path)
 
 
-def shard_ids(ids: list[str], index: int, count: int) -> list[str]:
-    """Deterministic split for CI matrices: a case goes to shard hash(id) mod count."""
-    return [i for i in ids if int(hashlib.sha256(i.encode()).hexdigest()[:8], 16) % count == index - 1]
-
-
-def run_document(config: Config, options: RunOptions, spec, ids: list[str], token: str, run_dir: str | None,
-                 workers: int = 1, prefetch: bool = False) -> dict:
-    """What every process of a run needs to judge its cases (`CaseExecutor.from_run`): plain JSON."""
-    return {
-        "token": token,
-        "run_dir": run_dir,
-        "config": str(config.path),
-        "tier": config.tier,
-        "store": identity(config.goldens, config.tier),
-        "harness_version": __version__,
-        "settings": config.settings(),
-        "goldens_dir": str(config.goldens.resolve()),
-        "cases_dir": str(config.cases.resolve()),
-        "impl": {"name": spec.name, "kind": spec.kind, "target": spec.target, "root": spec.root, "conf": spec.conf},
-        "device": options.device,
-        "timeout": options.timeout or config.timeout,
-        "diagnosis_budget": config.diagnosis_budget if options.diagnosis_budget is None else options.diagnosis_budget,
-        "isolate": options.isolate,
-        "workers": workers,
-        "prefetch": prefetch,
-        "cases": ids,
-    }
+def load_implementation(config: Config, options: RunOptions, flag: str = "--impl"):
+    """Resolve `options.impl` and build it once, before any case runs, and let it prepare() (build its
+    extensions, once, before workers start): an implementation that cannot be loaded is one
+    UsageError naming `flag`, never an error per case. Returns its ImplSpec."""
+    try:
+        spec = resolve(options.impl, config)
+        impl = instantiate(spec)
+    except UsageError as exc:
+        raise UsageError(str(exc).replace("--impl", flag)) from None  # the loader speaks of --impl
+    prepare = getattr(impl, "prepare", None)
+    if callable(prepare):
+        try:
+            prepare()
+        except Exception as exc:
+            raise UsageError(f"{flag} {options.impl}: prepare() failed: {type(exc).__name__}: {exc}") from None
+    return spec
 
 
 def run(config: Config, options: RunOptions) -> dict:
@@ -201,15 +127,7 @@ def run(config: Config, options: RunOptions) -> dict:
 
     if options.isolate:
         forkserver.warm_up()  # the fork server imports torch while this process selects the cases
-    spec = resolve(options.impl, config)
-    impl = instantiate(spec)  # fail fast (exit 2) on an implementation that cannot even be loaded
-    prepare = getattr(impl, "prepare", None)
-    if callable(prepare):
-        # Build extensions once, here, before workers start (each worker then loads the cached build).
-        try:
-            prepare()
-        except Exception as exc:
-            raise UsageError(f"--impl {options.impl}: prepare() failed: {type(exc).__name__}: {exc}") from None
+    spec = load_implementation(config, options)  # fail fast (exit 2) on one that cannot even be loaded
     expectations = load_expectations(spec.conf, config.root, f"{config.path}: impls.{spec.name}")
     baseline = read_baseline(options.baseline) if options.baseline else None  # before this run rewrites it
     ids = select_case_ids(config, options.select)
@@ -242,8 +160,9 @@ def run(config: Config, options: RunOptions) -> dict:
                                  "(its message is above); check --pytest-args and -n")
             if code == pytest.ExitCode.INTERRUPTED and stop.signal is None:
                 stop.signal = signal.SIGINT
-            stopped = _stopped_reason(code, stop.signal, options.pytest_args)
-            results = [_result_of(case_id, collector, stopped, options) for case_id in ids]
+            early = int(code) == 1 and any(a in ("-x", "--exitfirst") or a.startswith("--maxfail") for a in options.pytest_args)
+            stopped = stopped_reason(stop.signal, "-x / --maxfail in --pytest-args" if early else "")
+            results = [result_of(case_id, collector, stopped, options.repro(case_id)) for case_id in ids]
             run_dir.gather_output(ids, {r["id"]: r["status"] for r in results})
             stale = apply_expectations(results, expectations)
             doc = summarise(config, options, spec, results, stale, started, stopped, stop.signal, selection)
@@ -276,16 +195,19 @@ class StopSignals:
             signal.signal(sig, handler)
 
 
-def _stopped_reason(code, signum: int | None, pytest_args: tuple[str, ...]) -> str:
-    """Why cases may have been left out: '' when the run went to the end."""
+def stopped_reason(signum: int | None, stopped_early_by: str = "") -> str:
+    """Why cases may have been left out: '' when the run went to the end. `stopped_early_by`: the
+    option that ended it at the first failure (-x, --maxfail), if it did."""
     if signum is not None:
         return f"the run was interrupted by {signal.Signals(signum).name}"
-    if int(code) == 1 and any(a in ("-x", "--exitfirst") or a.startswith("--maxfail") for a in pytest_args):
-        return "the run stopped at the first failure (-x / --maxfail in --pytest-args)"
+    if stopped_early_by:
+        return f"the run stopped at the first failure ({stopped_early_by})"
     return ""
 
 
-def _result_of(case_id: str, collector, stopped: str, options: RunOptions) -> dict:
+def result_of(case_id: str, collector, stopped: str, repro: str) -> dict:
+    """A case's result as the run's collector gathered it; `crash` when the pytest-xdist worker
+    running it died, `not_run` when the run ended before it."""
     data = collector.results.get(case_id)
     if data is None and case_id in collector.crashed:
         data = {"id": case_id, "component": split_case_id(case_id)[0], "status": "crash",
@@ -294,14 +216,15 @@ def _result_of(case_id: str, collector, stopped: str, options: RunOptions) -> di
         why = stopped or "the run ended before this case was handed to a worker"
         data = {"id": case_id, "component": split_case_id(case_id)[0], "status": NOT_RUN,
                 "message": f"not run: {why}; this says nothing about the implementation", "outputs": {}}
-    data["repro"] = options.repro(case_id)
+    data["repro"] = repro
     return data
 
 
 def summarise(config: Config, options: RunOptions, spec, results: list[dict], stale: list[str], started: float,
               stopped: str = "", signum: int | None = None, selection: dict | None = None) -> dict:
     registry = components()
-    full_run = not options.select and not options.shard and config.tier == "small"  # floors: the small tier
+    # floors: on a full run of the small tier (not a --select, a shard, or a pytest -k/-m/--deselect)
+    full_run = not options.select and not options.shard and config.tier == "small" and not (selection or {}).get("deselected")
     floors = {name: config.floor(component) for name, component in registry.items()}
     per_component, problems = judge_components(results, floors, full_run, stopped)
     exit_code = exit_code_of(results, problems, stopped, signum)
@@ -322,6 +245,7 @@ def summarise(config: Config, options: RunOptions, spec, results: list[dict], st
                      "platform": platform.platform()},
         "store": identity(config.goldens, config.tier),
         "config": {"path": str(config.path), "layered_on": str(config.layered_on) if config.layered_on else None},
+        "overrides": config.overrides(spec.name),
         "goldens": {"dir": os.path.relpath(config.goldens, config.root),
                     "manifest_sha256": hashlib.sha256(manifest_path.read_bytes()).hexdigest() if manifest_path.exists() else None},
         "components": per_component,

@@ -15,7 +15,9 @@ goldens came from, and the SHA-256 of their manifest; `conformance diff` and the
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import socket
 from pathlib import Path
 
 from . import __version__, cache
@@ -78,6 +80,18 @@ def same_store(a: dict | None, b: dict | None) -> bool:
         return True  # a run from before identities were recorded: nothing to compare
     keys = ("manifest_sha256", "tier") + (("version",) if "package" in (a.get("origin"), b.get("origin")) else ())
     return all(a.get(k) == b.get(k) for k in keys)
+
+
+def worker_name() -> str:
+    """This process as a run names it: its pytest-xdist worker id (gw0, ...) where it is one, and its host."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return f"{worker} on {socket.gethostname()}" if worker else socket.gethostname()
+
+
+def version_refusal(theirs: str) -> str:
+    """Why a worker whose package version differs from the controller's judges nothing."""
+    return (f"this worker ({worker_name()}) runs v41-conformance {__version__} but the controller runs {theirs}: "
+            "refused, every case of this worker is an error; install the same version on every machine of the run")
 
 
 def describe(ident: dict | None) -> str:

@@ -1,7 +1,9 @@
 """How many parallel workers a run uses, and in which order its cases start.
 
 Cost of a case, estimated before it runs: the bytes it must read and build (its golden file plus
-the inputs it rebuilds from its seed, `regenerated_inputs`), at `BYTES_PER_SECOND`, plus a fixed
+the inputs it rebuilds from its seed, `regenerated_inputs`), at `BYTES_PER_SECOND`, plus
+`PER_TENSOR_S` per tensor of its golden (a stepped case's calls and the outputs judged along its
+chain: an attention case's thousand small tensors cost far more than their bytes say), plus a fixed
 `PER_CASE_S`. Only the order and the worker count depend on it, never a verdict.
 
 - Order: heaviest first (longest-processing-time first), so that big cases do not meet at the
@@ -24,6 +26,7 @@ from pathlib import Path
 
 BYTES_PER_SECOND = 40e6
 PER_CASE_S = 0.004
+PER_TENSOR_S = 0.0005  # the reference on the small tier: 0.3-0.8 s for attention's 440-1030 tensors
 POOL_WORK_S = 0.5
 XDIST_WORK_S = 6.0
 ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "bfloat16": 2, "float16": 2, "int16": 2,
@@ -37,19 +40,19 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def regenerated_bytes(path: Path) -> int:
-    """Bytes of the inputs a golden rebuilds from its seed (read from its header only)."""
+def header_cost(path: Path) -> tuple[int, int]:
+    """(bytes of the inputs a golden rebuilds from its seed, tensors it holds), from its header only."""
     try:
         with open(path, "rb") as fh:
             (length,) = struct.unpack("<Q", fh.read(8))
             header = json.loads(fh.read(min(length, 1 << 20)))
         meta = json.loads(header.get("__metadata__", {}).get("conformance", "{}"))
     except (OSError, ValueError, struct.error, AttributeError):
-        return 0
+        return 0, 0
     total = 0
     for entry in (meta.get("regenerated_inputs") or {}).values():
         total += math.prod(entry.get("shape", [])) * ITEMSIZE.get(str(entry.get("dtype")), 4)
-    return total
+    return total, len(header) - ("__metadata__" in header)
 
 
 def estimate(case_id: str, manifest: dict, goldens: Path) -> float:
@@ -57,8 +60,8 @@ def estimate(case_id: str, manifest: dict, goldens: Path) -> float:
     entry = manifest.get(case_id) or {}
     size = int(entry.get("size", 0) or 0)
     file = entry.get("file")
-    extra = regenerated_bytes(Path(goldens) / file) if file else 0
-    return PER_CASE_S + (size + extra) / BYTES_PER_SECOND
+    extra, tensors = header_cost(Path(goldens) / file) if file else (0, 0)
+    return PER_CASE_S + (size + extra) / BYTES_PER_SECOND + tensors * PER_TENSOR_S
 
 
 def heaviest_first(ids: list[str], costs: dict[str, float]) -> list[str]:

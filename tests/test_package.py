@@ -3,20 +3,19 @@ a fresh environment with only the wheel installed runs every case from an empty 
 implementation and pytest suite run against it, and a run over two xdist process gateways (the code
 path ssh gateways use) matches a serial one.
 
-The environment is a new virtualenv holding the wheel alone; its dependencies (torch, safetensors,
-...) come from this interpreter's site-packages through a .pth line, so nothing is downloaded and the
-checkout's own (editable) harness is never on its path.
+The environment (tests/wheel_env.py) is a new virtualenv holding the wheel alone. Real ssh gateways:
+tests/test_distributed.py (`make test-distributed`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
-import sys
-import sysconfig
 import tarfile
-import venv
+import time
 import zipfile
 from xml.etree import ElementTree
 from pathlib import Path
@@ -25,74 +24,9 @@ import pytest
 
 from conftest import ROOT, results, statuses
 from v41_conformance.execution import CaseExecutor
-from v41_conformance.golden import read_manifest
+from wheel_env import MANIFEST, installed  # noqa: F401  (installed: the fixture, one wheel and venv per worker)
 
 pytestmark = pytest.mark.xdist_group("package")  # one worker builds the environment (make test: --dist loadgroup)
-
-SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "conformance.yaml", "harness", "cases", "goldens")
-MANIFEST = read_manifest(ROOT / "goldens")
-
-
-def _ignored(folder: str, names: list[str]) -> list[str]:
-    here = Path(folder)
-    built = here.name == "production" and here.parent.name == "goldens"  # locally built production goldens
-    return [n for n in names if n in ("__pycache__", ".manifest.lock") or n.endswith(".egg-info")
-            or (built and (here / n).is_dir())]
-
-
-def _copy_sources(dest: Path) -> None:
-    """The files a release is built from (what a clean clone holds), without built production goldens."""
-    for name in SOURCES:
-        source = ROOT / name
-        if source.is_file():
-            shutil.copy(source, dest / name)
-        else:
-            shutil.copytree(source, dest / name, ignore=_ignored)
-
-
-def _build(hook: str, source: Path, out: Path) -> Path:
-    code = f"from setuptools import build_meta as b; print(b.{hook}({str(out)!r}))"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=source, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out / proc.stdout.strip().splitlines()[-1]
-
-
-class Installed:
-    def __init__(self, root: Path, sdist: Path, wheel: Path):
-        self.root, self.sdist, self.wheel = root, sdist, wheel
-        self.python = root / "env" / "bin" / "python"
-        self.conformance = root / "env" / "bin" / "conformance"
-
-    def run(self, *args, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-        return subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
-
-    def folder(self, name: str) -> Path:
-        path = self.root / name
-        path.mkdir()
-        return path
-
-
-@pytest.fixture(scope="session")  # once per worker, however xdist interleaves other modules' tests
-def installed(tmp_path_factory) -> Installed:
-    root = tmp_path_factory.mktemp("package")
-    source, dist = root / "source", root / "dist"
-    source.mkdir(), dist.mkdir()
-    _copy_sources(source)
-    sdist = _build("build_sdist", source, dist)
-    unpacked = root / "unpacked"
-    with tarfile.open(sdist) as archive:
-        archive.extractall(unpacked, filter="data")
-    wheel = _build("build_wheel", next(unpacked.iterdir()), dist)  # the wheel is built from the sdist
-    venv.EnvBuilder(with_pip=False).create(root / "env")
-    env_python = root / "env" / "bin" / "python"
-    site = subprocess.run([str(env_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    Path(site, "_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(env_python), "install", "-q", "--no-deps",
-                           "--no-index", str(wheel)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return Installed(root, sdist, wheel)
-
 
 def test_the_sdist_and_the_wheel_carry_the_small_tier_and_only_the_pin_of_the_production_tier(installed):
     names = set(zipfile.ZipFile(installed.wheel).namelist())
@@ -146,11 +80,14 @@ def test_a_team_project_runs_its_own_implementation_and_its_own_pytest_suite(ins
     got = statuses(results(team / "rep"))
     assert {s for c, s in got.items() if c.startswith("quant.e2m1/")} == {"pass"}
     assert {s for c, s in got.items() if not c.startswith("quant.e2m1/")} == {"unsupported"}
-    # its own tests (the Python API) and the cases as tests, one per case, judging the fixture's object
+    # its own tests (the Python API, and tests/ with its own module called `harness`), plain and with the
+    # cases as tests, one per case, judging the fixture's object
+    e2m1 = sum(c.startswith("quant.e2m1/") for c in MANIFEST)
+    plain = installed.run(installed.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=team)
+    assert plain.returncode == 0 and f"{e2m1 + 2} passed" in plain.stdout, plain.stdout[-3000:]
     proc = installed.run(installed.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--kernels-device", "cpu",
                          "--conformance-impl", "kernels", "--conformance-select", "quant.e2m1", cwd=team)
-    e2m1 = sum(c.startswith("quant.e2m1/") for c in MANIFEST)
-    assert proc.returncode == 0 and f"{e2m1 + e2m1 + 1} passed" in proc.stdout, proc.stdout[-3000:]
+    assert proc.returncode == 0 and f"{e2m1 + e2m1 + 2} passed" in proc.stdout, proc.stdout[-3000:]
 
 
 MIXED = """
@@ -224,3 +161,67 @@ def test_a_worker_holding_another_store_fails_every_case_loudly(tmp_path):
     other = {**doc, "harness_version": "9.9"}
     result = CaseExecutor.from_run(other).run(ids[0])
     assert result.status == "error" and "the controller runs 9.9" in result.message
+
+
+STOPS = """
+import os, pathlib, time
+from mykernels import Kernels
+
+
+class StopsMidRun(Kernels):
+    def run(self, component, inputs, params):
+        if inputs["v"].numel() > 1000:  # quant.e2m1/uniform-4096
+            pathlib.Path(os.environ["STOP_MARK"]).touch()
+            time.sleep(600)
+        return super().run(component, inputs, params)
+"""
+
+
+def test_from_the_wheel_a_teams_pytest_run_gets_the_clis_verdict(installed):
+    """The "Done when" of the plugin's verdict, in a team repository with its own tests/harness.py."""
+    team = installed.root / "verdicts"
+    shutil.copytree(ROOT / "examples" / "team", team, ignore=shutil.ignore_patterns("__pycache__"))
+
+    def pytest_in_team(*args, **kwargs):
+        return installed.run(installed.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, cwd=team, **kwargs)
+
+    typo = pytest_in_team("--conformance-impl", "kernels", "--conformance-select", "quant.e2m1-*")
+    assert typo.returncode == 1 and "no case was executed" in typo.stdout, typo.stdout[-2000:]
+    unsupported = pytest_in_team("--conformance-impl", "kernels", "--conformance-select", "norm.rms")
+    assert unsupported.returncode == 1 and "no case was executed" in unsupported.stdout, unsupported.stdout[-2000:]
+    mistyped = pytest_in_team("--conformance-impl", "mykernels:Kernelz", "-n", "2")
+    assert mistyped.returncode == 4 and mistyped.stderr.count("has no attribute 'Kernelz'") == 1, mistyped.stderr[-2000:]
+    assert "passed" not in mistyped.stdout and "failed" not in mistyped.stdout
+    # SIGINT mid-run: every report says STOPPED, with the cases it never reached
+    (team / "stops.py").write_text(STOPS)
+    mark = team / "reached"
+    run = subprocess.Popen([str(installed.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--conformance-impl",
+                            "stops.py:StopsMidRun", "--conformance-select", "quant.e2m1", "--conformance-report-dir",
+                            "stopped"], cwd=team, env={**os.environ, "STOP_MARK": str(mark)}, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not mark.exists():
+        assert run.poll() is None and time.monotonic() < deadline, "the run never reached quant.e2m1/uniform-4096"
+        time.sleep(0.1)
+    run.send_signal(signal.SIGINT)
+    out, _ = run.communicate(timeout=300)
+    doc = results(team / "stopped")
+    assert run.returncode == 130 == doc["exit_code"] and "interrupted by SIGINT" in doc["stopped"], out[-2000:]
+    assert statuses(doc)["quant.e2m1/uniform-4096"] == "not_run" and "STOPPED" in out
+    for name in ("summary.md", "report.html", "junit.xml"):
+        assert "STOPPED" in (team / "stopped" / name).read_text(), name
+    # a misplaced tolerance is refused; a loosened one and a switch are listed in every report
+    (team / "conformance.yaml").write_text("tolerances:\n  sparse_attn:\n    o: {ulps: -3}\n")
+    refused = pytest_in_team("--conformance-impl", "mykernels:Kernels")
+    assert refused.returncode == 4 and "tolerances.sparse_attn: unknown key" in refused.stderr, refused.stderr[-2000:]
+    assert str(team / "conformance.yaml") in refused.stderr
+    (team / "conformance.yaml").write_text(
+        "tolerances:\n  components:\n    sparse_attn:\n      o: {rel_l2: 1.0}\n"
+        "impls:\n  kernels:\n    python: mykernels:Kernels\n    accept_ties: true\n")
+    listed = pytest_in_team("--conformance-impl", "kernels", "--conformance-select", "quant.e2m1",
+                            "--conformance-report-dir", "overrides")
+    assert listed.returncode == 0, listed.stdout[-2000:]
+    keys = ("tolerances.components.sparse_attn.o.rel_l2: 1 (packaged: ", "impls.kernels.accept_ties: true (packaged: false)")
+    assert [o["key"] for o in results(team / "overrides")["overrides"]] == [k.split(":")[0] for k in keys]
+    for where in (listed.stdout, *((team / "overrides" / n).read_text() for n in ("summary.md", "report.html", "junit.xml"))):
+        assert all(k in where for k in keys), where[:3000]

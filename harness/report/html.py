@@ -8,6 +8,7 @@ from __future__ import annotations
 from html import escape
 
 from ..differences import DIFFERENCES
+from .header import override_lines, verdict
 from .headroom import worst_per_output
 from .pictures import headroom_bars, step_strip, ulps_histogram
 from .table import COLUMNS
@@ -27,16 +28,21 @@ ORDER = {"fail": 0, "error": 0, "crash": 0, "timeout": 0, "xpass": 0, "xfail": 1
 
 
 def render_html(doc: dict) -> str:
-    verdict = "PASS" if doc["exit_code"] == 0 else "FAIL"
+    word = verdict(doc)
+    css = "pass" if word == "PASS" else "fail"
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>Conformance {escape(doc['impl'])}</title>",
            f"<style>{STYLE}</style></head><body>",
-           f"<h1>Conformance of <code>{escape(doc['impl'])}</code>: <span class='{verdict.lower()}'>{verdict}</span></h1>",
+           f"<h1>Conformance of <code>{escape(doc['impl'])}</code>: <span class='{css}'>{word}</span></h1>",
            f"<p>device {escape(doc['device'])} · torch {escape(doc['versions']['torch'])} · harness "
            f"{escape(doc['versions']['harness'])} · {len(doc['cases'])} cases · {doc['duration_s']} s</p>"]
     for problem in doc.get("problems", []):
         out.append(f"<p class='fail'>Problem: {escape(clean(problem))}</p>")
     if doc.get("stopped"):
         out.append(f"<p class='fail'>Stopped: {escape(doc['stopped'])}; {doc.get('not_run', 0)} case(s) not run</p>")
+    changed = override_lines(doc)
+    if changed:
+        out.append(f"<p>configuration changes {len(changed)} packaged default(s):</p><ul class='overrides'>"
+                   + "".join(f"<li><code>{escape(clean(line))}</code></li>" for line in changed) + "</ul>")
     if doc.get("merged_from"):
         parts = ", ".join(f"{escape(str(p['from']))}" + (f" (shard {p['shard'][0]}/{p['shard'][1]})" if p.get("shard") else "")
                           for p in doc["merged_from"])

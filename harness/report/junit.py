@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+from .header import override_lines, verdict
 from .text import clean
 
 TEXT_CHARS = 8000  # per failing case; the full message stays in results.json
@@ -21,7 +22,10 @@ def render_junit(doc: dict) -> str:
                               errors=str(sum(c["status"] in ("error", "crash", "timeout") for c in cases)),
                               skipped=str(sum(c["status"] in ("unsupported", "xfail", "not_run") for c in cases)))
         props = ET.SubElement(suite, "properties")
-        for key, value in (("impl", doc["impl"]), ("device", doc["device"]), ("torch", doc["versions"]["torch"])):
+        run = [("impl", doc["impl"]), ("device", doc["device"]), ("torch", doc["versions"]["torch"]), ("verdict", verdict(doc))]
+        run += [("stopped", f"{doc['stopped']}; {doc.get('not_run', 0)} case(s) not run")] if doc.get("stopped") else []
+        run += [("override", line) for line in override_lines(doc)]
+        for key, value in run:
             ET.SubElement(props, "property", name=key, value=clean(str(value)))
         for case in cases:
             tc = ET.SubElement(suite, "testcase", classname=name, name=case["id"], time=f"{case.get('duration_s') or 0:.4f}")

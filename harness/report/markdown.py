@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..differences import DIFFERENCES
+from .header import override_lines, verdict
 from .table import BAD, COLUMNS
 from .text import clean, failing_lines
 
@@ -15,12 +16,17 @@ def _cell(text: str, limit: int = 300) -> str:
 
 
 def render_summary(doc: dict) -> str:
-    verdict = "PASS" if doc["exit_code"] == 0 else "FAIL"
-    lines = [f"## Conformance: `{_cell(doc['impl'])}` — {verdict}", "",
+    lines = [f"## Conformance: `{_cell(doc['impl'])}` — {verdict(doc)}", "",
              f"device `{doc['device']}` · torch {doc['versions']['torch']} · harness {doc['versions']['harness']} · "
-             f"{len(doc['cases'])} case(s) in {doc['duration_s']} s", "",
-             "| component | verdict | cases | " + " | ".join(COLUMNS + tuple(d.label for d in DIFFERENCES)) + " |",
-             "|---|---|---:|" + "---:|" * (len(COLUMNS) + len(DIFFERENCES))]
+             f"{len(doc['cases'])} case(s) in {doc['duration_s']} s", ""]
+    if doc.get("stopped"):
+        lines += [f"**stopped**: {_cell(doc['stopped'])}; {doc.get('not_run', 0)} case(s) not run", ""]
+    changed = override_lines(doc)
+    if changed:
+        lines += [f"configuration changes {len(changed)} packaged default(s):", ""]
+        lines += [f"- `{_cell(line)}`" for line in changed] + [""]
+    lines += ["| component | verdict | cases | " + " | ".join(COLUMNS + tuple(d.label for d in DIFFERENCES)) + " |",
+              "|---|---|---:|" + "---:|" * (len(COLUMNS) + len(DIFFERENCES))]
     for name, e in doc["components"].items():
         cells = [str(e.get(c) or "·") for c in COLUMNS] + [str(e.get(d.count) or "·") for d in DIFFERENCES]
         lines.append(f"| `{name}` | {e['verdict']} | {e['cases']} | " + " | ".join(cells) + " |")
@@ -43,8 +49,6 @@ def render_summary(doc: dict) -> str:
             lines.append(f"- **{case['status']}** `{case['id']}`: {_cell('; '.join(first), 600)}")
         if len(bad) > MAX_FAILURES:
             lines.append(f"- … and {len(bad) - MAX_FAILURES} more (see report.html)")
-    if doc.get("stopped"):
-        lines.append(f"- **stopped**: {_cell(doc['stopped'])}; {doc.get('not_run', 0)} case(s) not run")
     for problem in doc.get("problems", [])[:MAX_FAILURES]:
         lines.append(f"- **problem**: {_cell(problem)}")
     return bounded("\n".join(lines) + "\n")

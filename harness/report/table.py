@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..differences import DIFFERENCES
+from .header import override_lines, verdict
 from .text import clean, failing_lines
 
 COLUMNS = ("pass", "partial", "fail", "error", "crash", "timeout", "unsupported", "xfail", "xpass", "not_run")
@@ -18,9 +19,12 @@ def render_table(doc: dict, failures: int = 5) -> str:
                     + [str(entry.get(d.count) or ".") for d in DIFFERENCES])
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
-    verdict = "PASS" if doc["exit_code"] == 0 else ("STOPPED" if doc.get("stopped") else "FAIL")
-    lines = [f"impl {doc['impl']} ({doc['impl_kind']}, device {doc['device']}): {verdict}", fmt(head),
-             fmt(["-" * w for w in widths])]
+    lines = [f"impl {doc['impl']} ({doc['impl_kind']}, device {doc['device']}): {verdict(doc)}"]
+    changed = override_lines(doc)
+    if changed:
+        lines.append(f"configuration changes {len(changed)} packaged default(s):")
+        lines += [f"  {clean(line)}" for line in changed]
+    lines += [fmt(head), fmt(["-" * w for w in widths])]
     lines += [fmt(r) for r in rows]
     bad = [c for c in doc["cases"] if c["status"] in BAD]
     if bad:

@@ -84,3 +84,14 @@ class RaisesDeep(ReferenceAdapter):
         if component == "norm.rms":
             return {"y": _helper_frame(inputs["x"])}
         return super().run(component, inputs, params)
+
+
+class StopsMidRun(ReferenceAdapter):
+    """The reference, until a case of the component CONFORMANCE_TEST_BLOCK: there it writes the file
+    CONFORMANCE_TEST_MARK and waits to be stopped (a run to interrupt at a known point)."""
+
+    def run(self, component, inputs, params):
+        if component == os.environ.get("CONFORMANCE_TEST_BLOCK"):
+            Path(os.environ["CONFORMANCE_TEST_MARK"]).touch()
+            time.sleep(600)
+        return super().run(component, inputs, params)
