@@ -357,9 +357,12 @@ def _error_summary(e: torch.Tensor, ulps: torch.Tensor, ulp: torch.Tensor, max_u
     if max_ulps and ulps.numel():
         at = argmax_index(ulps)
         value = float(e[at])
-        if abs(value) <= floor:  # ulps of a value near zero say little: its bound is the absolute floor
+        if floor > 0 and abs(value) <= floor:  # ulps of a value near zero say little: its bound is the floor
             worst += (f" (at an expected {value:.3g}, inside the absolute allowance {floor:.3g}: "
                       f"ulps of a value near zero are tiny)")
+        elif value == 0:  # one ulp of zero is the smallest subnormal: any difference is astronomically many
+            worst += (f" (at an expected 0, where one ulp is {float(ulp[at]):.3g}; this output has no absolute "
+                      "allowance)")
     rel = f"rel L2 {rel_l2:.3g} (allowed {policy.rel_l2:g})"
     over = f" over the {counted} element(s) finite on both sides" if mask_failures else ""
     share = f"{100 * diff_fraction:.3g}% of elements differ"
