@@ -21,13 +21,16 @@ from .errors import HarnessError, UsageError
 from .ids import parse_select
 
 
-def _config(path: str | None, tier: str = "small", goldens: str | None = None, cases: str | None = None):
+def _config(path: str | None, tier: str = "small", goldens: str | None = None, cases: str | None = None,
+            validate: bool = True):
     """conformance.yaml (its `goldens:` and `cases:` relative to its own folder), then --tier, then
-    --goldens / --cases (relative to the current directory)."""
+    --goldens / --cases (relative to the current directory). `validate`: every tolerance resolved
+    (which imports the component registry, and so torch)."""
     from .config import load_config
 
     config = load_config(Path(path) if path else None)
-    config.validate()
+    if validate:
+        config.validate()
     if goldens:
         config = dataclasses.replace(config, goldens=Path(goldens).resolve())
     if cases:
@@ -66,7 +69,9 @@ def main() -> None:
 @select_option
 @click.option("--report-dir", default="reports/latest", show_default=True, type=click.Path(file_okay=False),
               help="where the reports go; one run at a time per folder")
-@click.option("-n", "workers", default="0", show_default=True, help="pytest-xdist workers: a number or auto")
+@click.option("-n", "workers", default="0", show_default=True,
+              help="cases at once, each in an isolation child of this run's own process: a number or auto "
+                   "(with --no-isolate: pytest-xdist workers)")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N")
 @click.option("--timeout", type=float, default=None, help="seconds per case (default: conformance.yaml's timeout)")
 @click.option("--no-isolate", is_flag=True, help="run the implementation in the worker itself (faster, not crash-safe)")
@@ -82,16 +87,23 @@ def main() -> None:
 def run(impl, select, report_dir, workers, device, timeout, no_isolate, diagnosis_budget, shard, pytest_args, baseline,
         tier, goldens_dir, cases_dir, config_path):
     """Run an implementation against the goldens and write the conformance report."""
+    from .adapters.loader import locate, resolve
+
+    try:  # a typo in --impl is reported before torch is imported
+        config = _config(config_path, tier, goldens_dir, cases_dir, validate=False)
+        locate(resolve(impl, config))
+    except HarnessError as exc:
+        _fail_usage(exc)
     if not no_isolate:
         from .forkserver import warm_up
 
-        warm_up()  # first: the fork server imports torch while this process does
+        warm_up()  # the fork server imports torch while this process does
     from .report import render_table
     from .session import RunOptions
     from .session import run as run_session
 
     try:
-        config = _config(config_path, tier, goldens_dir, cases_dir)
+        config.validate()
         _check_device(device)
         _check_run_flags(workers, timeout, Path(report_dir), config)
         if diagnosis_budget is not None and not (math.isfinite(diagnosis_budget) and diagnosis_budget >= 0):

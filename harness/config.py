@@ -8,12 +8,12 @@ that says what to fix. Tolerances resolve in this order (later wins): the regist
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
 from .errors import UsageError
@@ -21,7 +21,16 @@ from .policy import FLOAT_KINDS, Policy
 from .registry import Component, OutputSpec
 from .yamlio import safe_load
 
-DTYPE_KINDS = {torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
+@functools.cache
+def dtype_kinds() -> dict:
+    """The tolerance kind of each float dtype (torch is imported on first use: reading a configuration
+    and resolving `--impl` do not need it, so a typo is reported at once)."""
+    import torch
+
+    return {torch.bfloat16: "bf16", torch.float32: "f32"}
+
 
 CONFIG_NAME = "conformance.yaml"
 TOP_KEYS = {"version", "goldens", "cases", "timeout", "tolerances", "floors", "impls", "extends"}
@@ -113,8 +122,8 @@ class Config:
         if cached is not None:
             return cached
         spec = component.output_spec(output)
-        if spec.kind in FLOAT_KINDS and dtype in DTYPE_KINDS:
-            spec = replace(spec, kind=DTYPE_KINDS[dtype])
+        if spec.kind in FLOAT_KINDS and dtype in dtype_kinds():
+            spec = replace(spec, kind=dtype_kinds()[dtype])
         key = (component.name, spec, own)
         cached = self._policies.get(key)
         if cached is None:
@@ -166,7 +175,7 @@ class Config:
                 raise UsageError(f"{self.path}: floors.{name}: no such component")
         for component in registry.values():
             for output in component.outputs:
-                dtypes = DTYPE_KINDS if output.kind in FLOAT_KINDS else (None,)
+                dtypes = dtype_kinds() if output.kind in FLOAT_KINDS else (None,)
                 for dtype in dtypes:
                     self.policy(component, output.name, dtype=dtype)
 

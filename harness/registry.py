@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .policy import Policy
 
-Tensors = dict[str, torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+
+Tensors = dict[str, "torch.Tensor"]
 Params = dict[str, Any]
 Call = Callable[[Tensors, Params], Tensors]
 
