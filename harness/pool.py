@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
+from . import capture
 from .isolation import IsolatedWorker
 from .runner import CaseResult
 
@@ -42,7 +43,7 @@ class CasePool:
                 case_id = self._queue.popleft()
                 self._running.add(case_id)
             try:
-                result = worker.run(case_id, self.executor._output_file(case_id))
+                result = worker.run(case_id, capture.output_file(self.executor.run_dir, case_id))
             except Exception as exc:  # a harness bug: never blame the implementation for it
                 from .ids import split_case_id
 

@@ -57,6 +57,7 @@ class Plan:
     ids: list[str]
     token: str
     started: float = field(default_factory=time.time)
+    run_dir: str | None = None  # the session's private folder (v41_conformance.rundir): output capture, children
     _spec: Any = None
     _expectations: Any = None
     _manifest: Any = None
@@ -90,7 +91,7 @@ class Plan:
     def document(self) -> dict:
         from .session import run_document
 
-        return run_document(self.config, self.options, self.spec(), self.ids, self.token, None)
+        return run_document(self.config, self.options, self.spec(), self.ids, self.token, self.run_dir)
 
 
 def _plan(config) -> Plan | None:
@@ -118,6 +119,8 @@ def _plan(config) -> Plan | None:
 
 PLAN = pytest.StashKey[Plan | None]()
 COLLECTOR = pytest.StashKey[ResultCollector]()
+RUN_DIR = pytest.StashKey[Any]()  # the controller's RunDir, and the scratch folder it lives in without a report dir
+RUN_DIR_KEY = "conformance_run_dir"  # in an xdist worker's workerinput: the controller's run folder
 
 
 def pytest_configure(config):
@@ -125,6 +128,10 @@ def pytest_configure(config):
 
     try:
         plan = _plan(config)
+        if plan is not None and hasattr(config, "workerinput"):  # an xdist worker captures into the controller's
+            plan.run_dir = config.workerinput.get(RUN_DIR_KEY)
+        elif plan is not None:
+            plan.run_dir = _open_run_dir(config)
     except HarnessError as exc:
         raise pytest.UsageError(f"--conformance-impl: {exc}") from None
     config.stash[PLAN] = plan
@@ -132,6 +139,42 @@ def pytest_configure(config):
         collector = ResultCollector()
         config.stash[COLLECTOR] = collector
         config.pluginmanager.register(collector, "conformance-results")
+
+
+def _open_run_dir(config) -> str:
+    """The session's private folder, as `conformance run` has one: what each case prints is
+    captured there (gathered into the report dir's output.log), isolation children are recorded
+    there (killed at the end). Under the report dir, which it holds for the session (one run at a
+    time per folder); in a scratch folder without one."""
+    import tempfile
+
+    from .rundir import RunDir
+
+    report_dir = config.getoption("conformance_report_dir")
+    scratch = None if report_dir else Path(tempfile.mkdtemp(prefix="conformance-"))
+    run_dir = RunDir(Path(report_dir) if report_dir else scratch)
+    run_dir.__enter__()
+    config.stash[RUN_DIR] = (run_dir, scratch)
+    return str(run_dir.path.resolve())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist: each worker captures into the controller's run folder."""
+    plan = node.config.stash.get(PLAN, None)
+    if plan is not None and plan.run_dir:
+        node.workerinput[RUN_DIR_KEY] = plan.run_dir
+
+
+def pytest_unconfigure(config):
+    opened = config.stash.get(RUN_DIR, None)
+    if opened is not None:
+        import shutil
+
+        run_dir, scratch = opened
+        run_dir.__exit__(None, None, None)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -179,7 +222,7 @@ def pytest_sessionfinish(session, exitstatus):
     collector = session.config.stash.get(COLLECTOR, None)
     if plan is None or collector is None or not session.config.getoption("conformance_report_dir"):
         return
-    _write_reports(plan, collector)
+    _write_reports(plan, collector, session.config)
 
 
 def _judge_case(request, conformance_impl):
@@ -198,7 +241,10 @@ def _judge_case(request, conformance_impl):
             result = CaseResult(case_id, split_case_id(case_id)[0], "error",
                                 f"harness internal error (please report): {type(exc).__name__}: {exc}")
     else:  # the project's own object, in this process
-        result = run_case(case_id, plan.config, conformance_impl, plan.options.impl, plan.manifest(), plan.conf)
+        from .capture import output_file, run_captured
+
+        result = run_captured(output_file(plan.run_dir, case_id), lambda: run_case(
+            case_id, plan.config, conformance_impl, plan.options.impl, plan.manifest(), plan.conf))
     data = result.to_json()
     data["repro"] = plan.options.repro(case_id)
     apply_expectations([data], plan.expectations())
@@ -215,7 +261,7 @@ def _judge_case(request, conformance_impl):
     pytest.fail(f"{case_id}: {status}: {message}", pytrace=False)
 
 
-def _write_reports(plan: Plan, collector: ResultCollector) -> None:
+def _write_reports(plan: Plan, collector: ResultCollector, config) -> None:
     from .report import write_reports
     from .session import NOT_RUN, summarise
 
@@ -231,6 +277,9 @@ def _write_reports(plan: Plan, collector: ResultCollector) -> None:
         results.append(data)
     stale = [f"{e.pattern} ({e.status}: {e.reason})" for e in plan.expectations()
              if not any(e.matches(d["id"]) for d in results)]
+    opened = config.stash.get(RUN_DIR, None)
+    if opened is not None:
+        opened[0].gather_output(plan.ids, {d["id"]: d["status"] for d in results})
     try:
         spec = plan.spec()
     except Exception:  # a fixture supplied the implementation and the name resolves to nothing
