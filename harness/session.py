@@ -66,12 +66,11 @@ from .expectations import apply_expectations, load_expectations
 from .golden import MANIFEST, discover, read_manifest
 from .ids import matches, split_case_id
 from .registry import components
-from .rundir import RunDir
+from .rundir import RunDir, rerun_dir
 from .runner import STATUSES
 from .store import identity
 
 RESULTS_SCHEMA = 1
-DEFAULT_REPORT_DIR = "reports/latest"
 NOT_RUN = "not_run"
 
 
@@ -108,8 +107,7 @@ class RunOptions:
             parts += ["--timeout", f"{self.timeout:g}"]
         if not self.isolate:
             parts.append("--no-isolate")
-        if str(self.report_dir) != DEFAULT_REPORT_DIR:
-            parts += ["--report-dir", str(self.report_dir)]
+        parts += ["--report-dir", str(rerun_dir(self.report_dir))]  # never over this run's report
         return " ".join(shlex.quote(p) for p in parts)
 
 
