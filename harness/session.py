@@ -14,8 +14,8 @@ Schema (version 1)::
                          floor, floor_ok, tie_rows, near_tie_rows, boundary_flips, signed_zeros, verdict}},
      problems: [str],            # run-level: floors unmet, nothing ran, stale expectations
      stale_expectations: [str],
-     cases: [{id, component, status, message, params,
-              metrics: {outputs, outputs_failed, max_ulps, rel_l2, max_abs_err, diff_fraction,
+     cases: [{id, component, status, kind (an error's: dtype error, exception, ...), message, params,
+              metrics: {outputs, outputs_failed, outputs_declined (judged neither way), max_ulps, rel_l2, max_abs_err, diff_fraction,
                         bound_used, ulps_headroom, rel_l2_headroom, mismatched, rows_miss, rows_tie,
                         rows_near_tie, boundary_flips, signed_zeros},
               outputs: {name: {ok, policy, note (what a passing output accepted), and that
@@ -28,7 +28,7 @@ Schema (version 1)::
               duration_s, golden_sha256, tie_rows, tie_example, near_tie_rows, near_tie_example,
               boundary_flips, boundary_example, signed_zeros, signed_zero_example, first_divergent_step,
               first_divergent_stage (along a chain: the first failing output or intermediate),
-              expectation, repro}],
+              expectation, repro (into a sibling report dir), output (the tail it printed)}],
      baseline: {...},            # with --baseline: the diff document (harness/diff.py)
      merged_from, floors_enforced}  # written by `conformance merge` (harness/merge.py)
 
