@@ -446,8 +446,8 @@ def _compare_index(
     if scores.dtype in (torch.bfloat16, torch.float16):
         scores = scores.float()  # exact widening, as torch's CPU top-k compares them
     order = policy.order
-    if order == "sequence" and params.get("sorted") is False:
-        order = "unordered"  # an unsorted top-k's order is the algorithm's: ties are judged as sets
+    if order == "sequence" and params.get("sorted") is False and not policy.strict_order:
+        order = "unordered"  # an unsorted top-k's order is unspecified: ties are judged as sets
     result = classify_index_rows(
         expected, actual, scores, offset=offset, largest=bool(params.get("largest", policy.largest)),
         order=order, id_limit=context.get(policy.limit) if policy.limit else None,

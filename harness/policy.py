@@ -30,7 +30,9 @@ accepted unless `accept_signed_zeros` is false (an implementation's `strict_sign
 - `index`: integer ids compared exactly; when they differ the index verdict classifies each
   row as tie order, near tie (within `near_tie_ulps` of the k-th score) or miss, using the
   reference scores stored as `aux.<scores>`. Tie rows pass with `accept_ties`; near-tie rows
-  (and tie rows) with `accept_near_ties`.
+  (and tie rows) with `accept_near_ties`. A top-k called with `sorted` false returns its picks in
+  an unspecified order: they are judged as a set (of (index, value) pairs, for `topk.torch_cpu`)
+  unless `strict_order`.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from typing import Any
 from .errors import UsageError
 
 KINDS = ("exact", "bf16", "f32", "quantised", "index")
-FLAGS = ("accept_ties", "accept_near_ties", "accept_boundary", "accept_signed_zeros")  # booleans
+FLAGS = ("accept_ties", "accept_near_ties", "accept_boundary", "accept_signed_zeros", "strict_order")  # booleans
 TUNABLE = ("ulps", "atol", "atol_rel", "rel_l2", "max_diff_fraction", "argument_ulps", "term_ulps", "boundary_ulps",
            "boundary_atol_rel", "near_tie_ulps") + FLAGS
 FLOAT_KINDS = {"bf16": "bf16", "f32": "f32"}  # tolerance kinds, by the output dtype they judge
@@ -82,6 +84,10 @@ class Policy:
     accept_ties: bool = False
     near_tie_ulps: float = 0.0  # scores within this many bf16 ulps of the k-th score are near-tied
     accept_near_ties: bool = False
+    # an unsorted top-k (params.sorted false) leaves its order unspecified: its (index, value) pairs are
+    # judged in any order (harness/components/topk.py) unless this is true (an implementation that
+    # promises torch's order: strict_topk_order)
+    strict_order: bool = False
     # every kind: an element that differs only in the sign of a zero (a float -0 / +0, or the two zero
     # codes `zero_codes` of an exact code output) is counted as a signed zero and accepted unless this is
     # false (docs/verdicts.md, "Signed zeros")
@@ -156,7 +162,8 @@ class Policy:
             accepted = [label for flag, label in ((self.accept_ties, "tie order"),
                                                   (self.accept_near_ties, "near ties")) if flag]
             near = f"; near tie within {self.near_tie_ulps:g} ulp of the k-th score" if self.near_tie_ulps else ""
-            return "index: exact" + near + (f" ({' and '.join(accepted)} accepted)" if accepted else "")
+            strict = "; an unsorted top-k in torch's order" if self.strict_order else ""
+            return "index: exact" + near + strict + (f" ({' and '.join(accepted)} accepted)" if accepted else "")
         if self.kind == "quantised":
             how = "accepted" if self.accept_boundary else "counted, not accepted"
             return (f"quantised {self.quant} {self.encoding}: exact; one-step flips where the value before rounding "

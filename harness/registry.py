@@ -193,6 +193,10 @@ class Rederived:
 
 # (inputs, expected outputs, aux, actual outputs, params, the boundary Policy) -> Rederived | None
 Rederive = Callable[[Tensors, Tensors, Tensors, Tensors, Params, Policy], Rederived | None]
+# Outputs whose order the case leaves unspecified (an unsorted top-k): (expected outputs, actual outputs,
+# params, the policy of an output by name) -> the expected outputs rearranged into the implementation's
+# order, with a sentence saying so, or None (judged as stored: the order is specified, or pinned).
+Unordered = Callable[[Tensors, Tensors, Params, Callable[[str], Policy]], "tuple[Tensors, str] | None"]
 # A component whose outputs sit downstream of fp8/fp4 decisions judges them along its chain of
 # stages (harness/chain): (golden inputs, outputs and aux, the actual outputs and intermediates,
 # params, the judge, the boundary Policy) -> every verdict in chain order (chain.stages.ChainJudgement).
@@ -217,6 +221,7 @@ class Component:
     floor: int = 1
     expected_outputs: Callable[[Params], tuple[str, ...]] | None = None  # for step-named outputs
     rederive: Rederive | None = None  # boundary flips of an internal quantised value (see Rederived)
+    unordered: Unordered | None = None  # outputs in an unspecified order (see Unordered)
     # (inputs, params) -> (reference outputs, aux) in one pass, for components whose aux would
     # otherwise re-run the reference (attention); the generator prefers it to execute + aux
     reference_with_aux: Callable[[Tensors, Params], tuple[Tensors, Tensors]] | None = None

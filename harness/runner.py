@@ -355,6 +355,7 @@ def _verdicts(component: Component, golden: Golden, actual: dict, params: dict, 
         result.boundary_example = result.boundary_example or chain.flip_example
         return chain.verdicts
     golden, rederived = _rederived(component, golden, actual, params, config, impl_conf, result)
+    golden, reordered = _reordered(component, golden, actual, params, config, impl_conf)
     context = golden_context(golden)
     out = []
     for name in sorted(golden.outputs):
@@ -363,8 +364,24 @@ def _verdicts(component: Component, golden: Golden, actual: dict, params: dict, 
         verdict = compare_output(name, expected, actual[name], policy, context, params)
         if rederived is not None and name in rederived.outputs:
             verdict.message = f"judged against the reference recomputed with {rederived.example}\n{verdict.message}".strip()
+        if reordered and name in reordered[0] and verdict.message:  # right under the output's first line
+            head, _, rest = verdict.message.partition("\n")
+            verdict.message = f"{head}\n  {reordered[1]}" + (f"\n{rest}" if rest else "")
         out.append(StageVerdict(name, verdict))
     return out
+
+
+def _reordered(component: Component, golden: Golden, actual: dict, params: dict, config: Config,
+               impl_conf: dict) -> tuple[Golden, tuple[dict, str] | None]:
+    """The golden with the outputs whose order the case leaves unspecified put in the
+    implementation's order (the component's `unordered` hook), and what was rearranged."""
+    if component.unordered is None:
+        return golden, None
+    found = component.unordered(golden.outputs, actual, params,
+                                lambda name: config.policy(component, name, impl_conf, dtype=golden.outputs[name].dtype))
+    if found is None:
+        return golden, None
+    return dataclasses.replace(golden, outputs={**golden.outputs, **found[0]}), found
 
 
 def _dtype_of(golden: Golden, name: str, actual: dict) -> torch.dtype | None:
