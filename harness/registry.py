@@ -254,6 +254,9 @@ class Component:
     # downstream are judged given them (docs/verdicts.md, "The chain"). Names are per call.
     intermediates: tuple[OutputSpec, ...] = ()
     chain: Chain | None = None
+    # Values the chain derives from the outputs to judge them by, never returned nor stored (attention's
+    # kept candidate blocks, judged as candidates.select judges its `blocks`), each with its policy.
+    derived_specs: tuple[OutputSpec, ...] = ()
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -291,7 +294,7 @@ class Component:
         becomes the name's prefix (`s03.l2.`), so each step's output is judged against that
         step's aux tensors."""
         base = name.rsplit(".", 1)[-1]
-        spec = next((s for s in self.outputs + self.intermediates if s.name in (name, base)), None)
+        spec = next((s for s in self.outputs + self.intermediates + self.derived_specs if s.name in (name, base)), None)
         if spec is None:
             raise KeyError(f"component {self.name} has no output {name!r}")
         prefix = name[: len(name) - len(base)]
