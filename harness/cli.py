@@ -64,6 +64,37 @@ def main() -> None:
     """Golden-data conformance harness for DeepSeek-V4.1 compressed attention."""
 
 
+STANDALONE = {"process": False}  # this process is the `conformance` command itself (not a host calling main)
+
+
+def entry() -> None:
+    """The `conformance` command (and `python -m v41_conformance`): the CLI in a process of its own
+    (so its fork server may be a fork of it: `forkserver.warm_up`), then an exit that skips tearing
+    the interpreter down. With torch loaded, the teardown (every module and object freed, its
+    libraries unloaded) takes longer than judging a small case; everything a run leaves behind
+    (reports, printed output, the fork server's socket folder) is done by then, and the exit
+    handlers still run."""
+    STANDALONE["process"] = True
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    else:
+        code = 0
+    import atexit
+    import threading
+
+    if threading.active_count() != 1:  # a thread still running: the ordinary exit waits for it
+        sys.exit(code)
+    if code is not None and not isinstance(code, int):
+        click.echo(code, err=True)
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code or 0)
+
+
 @main.command()
 @click.option("--impl", required=True, help="reference, a name from conformance.yaml, an entry point, pkg.mod:attr or file.py:attr")
 @select_option
@@ -97,7 +128,8 @@ def run(impl, select, report_dir, workers, device, timeout, no_isolate, diagnosi
     if not no_isolate:
         from .forkserver import warm_up
 
-        warm_up()  # the fork server imports torch while this process does
+        # in a process of its own, torch is imported here, once: the fork server is a fork of this process
+        warm_up(here=STANDALONE["process"])
     from .report import render_table
     from .session import RunOptions
     from .session import run as run_session
@@ -387,7 +419,7 @@ def fuzz(impl, select, budget_s, case_count, seed, case_index, promote, shrink_s
     if not no_isolate:
         from .forkserver import warm_up
 
-        warm_up()
+        warm_up(here=STANDALONE["process"])
     from .fuzz import FuzzOptions
     from .fuzz import fuzz as run_fuzz
     from .report import render_table

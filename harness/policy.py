@@ -37,7 +37,6 @@ accepted unless `accept_signed_zeros` is false (an implementation's `strict_sign
 
 from __future__ import annotations
 
-import functools
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -147,7 +146,12 @@ class Policy:
         return cls(**data)
 
     def describe(self) -> str:
-        return _describe(self)
+        """One line (kept on the instance: a case reports it for each of its hundreds of outputs, and a
+        frozen dataclass hashes every field to find it in a cache)."""
+        said = self.__dict__.get("_described")
+        if said is None:
+            said = self.__dict__["_described"] = self._describe()
+        return said
 
     def _describe(self) -> str:
         if self.kind in ("bf16", "f32"):
@@ -169,9 +173,3 @@ class Policy:
             return (f"quantised {self.quant} {self.encoding}: exact; one-step flips where the value before rounding "
                     f"is within {self.boundary_ulps:g} bf16 ulp of the boundary {how}")
         return "exact (bitwise)"
-
-
-@functools.lru_cache(maxsize=4096)
-def _describe(policy: Policy) -> str:
-    """`Policy.describe`, once per policy (a case reports it for each of its hundreds of outputs)."""
-    return policy._describe()

@@ -124,6 +124,11 @@ def select_case_ids(config: Config, select: list[str]) -> list[str]:
 
 
 XDIST_FLAGS = ("-n", "--numprocesses", "--tx", "-d", "--dist", "--maxprocesses")
+# The run's own pytest session: no cache, no assertion rewriting, one line of progress; and none of
+# the plugins that collect garbage at its end to find unraisable exceptions (with torch loaded, a
+# third of a second for nothing: the cases run in other processes, or report their own errors).
+QUIET_PYTEST = ("-p", "no:cacheprovider", "-p", "no:unraisableexception", "-p", "no:threadexception", "--assert=plain",
+                "-q", "--no-header", "-rN", "--tb=no")
 
 
 def _xdist_requested(pytest_args: tuple[str, ...]) -> bool:
@@ -226,7 +231,7 @@ def run(config: Config, options: RunOptions) -> dict:
         (run_dir.path / "pytest.ini").write_text("[pytest]\n")
         collector = ResultCollector()
         args = ["-c", str(run_dir.path / "pytest.ini"), "--rootdir", str(run_dir.path), "-p", "v41_conformance.pytest_plugin",
-                "-p", "no:cacheprovider", "--assert=plain", "-q", "--no-header", "-rN", "--tb=no", str(run_file)]
+                *QUIET_PYTEST, str(run_file)]
         if not pool and count > 1:
             args += ["-n", str(count)]
         args += list(options.pytest_args)
