@@ -521,15 +521,22 @@ def _floors(config_path: str | None) -> dict[str, int]:
 
 
 def _merge_logs(parts, out_dir: Path) -> None:
+    """The parts' output.log files in one, and the whole output of their long cases beside it."""
+    import shutil
+
     from .golden import write_atomic
+    from .rundir import OUTPUT_DIR, OUTPUT_LOG
 
     chunks = []
     for part in parts:
-        log = Path(part) / "output.log"
+        log = Path(part) / OUTPUT_LOG
         if Path(part).is_dir() and log.exists():
             chunks.append(f"===== {part} =====\n".encode() + log.read_bytes())
+        whole = Path(part) / OUTPUT_DIR
+        if Path(part).is_dir() and whole.is_dir():
+            shutil.copytree(whole, out_dir / OUTPUT_DIR, dirs_exist_ok=True)
     if chunks:
-        write_atomic(out_dir / "output.log", b"\n".join(chunks))
+        write_atomic(out_dir / OUTPUT_LOG, b"\n".join(chunks))
 
 
 if __name__ == "__main__":
