@@ -274,7 +274,15 @@ def _protocol_kind(message: str) -> str:
 
 def _judge(component: Component, golden: Golden, actual: dict, params: dict, config: Config,
            impl_conf: dict, result: CaseResult) -> Message:
-    """Judge every output into `result` (status, outputs, metrics, chain) and return its message."""
+    """Judge every output into `result` (status, outputs, metrics, chain, the message without a
+    diagnosis) and return the message in its parts (the diagnosis goes between them)."""
+    message = _judged(component, golden, actual, params, config, impl_conf, result)
+    result.message = message.text()
+    return message
+
+
+def _judged(component: Component, golden: Golden, actual: dict, params: dict, config: Config,
+            impl_conf: dict, result: CaseResult) -> Message:
     expected_names = set(golden.outputs)
     actual, declined = _declined(golden, actual)
     if declined and set(declined) >= expected_names:
