@@ -113,7 +113,7 @@ def test_the_plugin_keeps_what_was_printed_as_the_cli_does(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
                            "--conformance-impl", "test_messages:Chatty", "--conformance-select", "quant.e2m1/midpoints",
-                           "--conformance-report-dir", "rep"],
+                           "--conformance-report-dir", "rep", "--conformance-no-isolate"],  # isolated: the CLI's tests
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
     case = results(tmp_path / "rep")["cases"][0]
