@@ -49,6 +49,7 @@ verify: install
 
 bench: install
 	$(PY) benchmarks/run_overhead.py
+	$(PY) benchmarks/one_case_run.py
 	$(PY) benchmarks/topk.py
 	$(PY) benchmarks/production_tier.py
 
