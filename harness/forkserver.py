@@ -21,6 +21,7 @@ import multiprocessing as mp
 import os
 import sys
 import threading
+import warnings
 
 PRELOAD = ["v41_conformance._forkserver_guard", "torch", "v41_conformance.isolation", "v41_conformance.components"]
 _LOCK = threading.Lock()
@@ -92,7 +93,9 @@ def _ensure_running_as_fork(forkserver) -> None:
         command = args[-1]  # -c "from multiprocessing.forkserver import main; main(...)"
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
-        pid = os.fork()
+        with warnings.catch_warnings():  # Python >= 3.12 warns of any thread, the BLAS pool's included
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid:
             return pid
         code = 1
