@@ -61,6 +61,7 @@ bench: install
 	$(PY) benchmarks/run_overhead.py
 	$(PY) benchmarks/plugin_cost.py
 	$(PY) benchmarks/plugin_parallel.py
+	$(PY) benchmarks/one_case_run.py
 	$(PY) benchmarks/topk.py
 	$(PY) benchmarks/production_tier.py
 

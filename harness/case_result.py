@@ -7,7 +7,7 @@ without importing torch. `v41_conformance.runner` fills them in.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 # partial: every output judged passes, and the implementation declined at least one (never a pass of those)
@@ -42,9 +42,12 @@ class CaseResult:
     params: dict[str, Any] = field(default_factory=dict)
     output: str = ""  # the tail of what the implementation printed during the case
     declined: list[str] = field(default_factory=list)  # outputs the implementation declined (status partial)
+    kind: str = ""  # an error's kind (dtype error, exception, ...: report/text.py groups the cases by it)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The result as plain data (its fields are plain already: a shallow copy, not `asdict`'s deep
+        one, which costs more than judging a passing case of hundreds of outputs)."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CaseResult:

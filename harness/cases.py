@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from .errors import CaseSpecError
-from .ids import make_case_id, matches
+from .ids import make_case_id, matches, may_select
 from .yamlio import safe_load
 
 if TYPE_CHECKING:
@@ -61,9 +62,18 @@ def seed_for(case_id: str) -> int:
     return int.from_bytes(hashlib.sha256(case_id.encode()).digest()[:8], "little") & ((1 << 63) - 1)
 
 
-def load_case_file(path: Path) -> list[CaseSpec]:
+DECLARED = re.compile(r"^component:[ \t]*([\w.]+)[ \t]*(?:#.*)?$", re.MULTILINE)
+
+
+def load_case_file(path: Path, select: list[str] | None = None) -> list[CaseSpec]:
+    """The cases of one file; none, unparsed, when its `component:` line names a component no case
+    of which `select` can match (a one-case run reads one case file, not all of them)."""
+    text = path.read_text()
+    declared = DECLARED.search(text)
+    if select and declared and not may_select(declared.group(1), select):
+        return []
     try:
-        doc = safe_load(path.read_text())
+        doc = safe_load(text)
     except yaml.YAMLError as exc:
         raise CaseSpecError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(doc, dict) or "component" not in doc or "cases" not in doc:
@@ -102,7 +112,7 @@ def load_cases(cases_dir: Path, select: list[str] | None = None) -> list[CaseSpe
     specs: list[CaseSpec] = []
     seen: dict[str, str] = {}
     for path in sorted(Path(cases_dir).glob("*.yaml")):
-        for spec in load_case_file(path):
+        for spec in load_case_file(path, select):
             if spec.component not in registry:
                 raise CaseSpecError(
                     f"{spec.source}: unknown component {spec.component!r}; known: {', '.join(sorted(registry))}"

@@ -21,13 +21,16 @@ from .errors import HarnessError, UsageError
 from .ids import parse_select
 
 
-def _config(path: str | None, tier: str = "small", goldens: str | None = None, cases: str | None = None):
+def _config(path: str | None, tier: str = "small", goldens: str | None = None, cases: str | None = None,
+            validate: bool = True):
     """conformance.yaml (its `goldens:` and `cases:` relative to its own folder), then --tier, then
-    --goldens / --cases (relative to the current directory)."""
+    --goldens / --cases (relative to the current directory). `validate`: every tolerance resolved
+    (which imports the component registry, and so torch)."""
     from .config import load_config
 
     config = load_config(Path(path) if path else None)
-    config.validate()
+    if validate:
+        config.validate()
     if goldens:
         config = dataclasses.replace(config, goldens=Path(goldens).resolve())
     if cases:
@@ -61,12 +64,45 @@ def main() -> None:
     """Golden-data conformance harness for DeepSeek-V4.1 compressed attention."""
 
 
+STANDALONE = {"process": False}  # this process is the `conformance` command itself (not a host calling main)
+
+
+def entry() -> None:
+    """The `conformance` command (and `python -m v41_conformance`): the CLI in a process of its own
+    (so its fork server may be a fork of it: `forkserver.warm_up`), then an exit that skips tearing
+    the interpreter down. With torch loaded, the teardown (every module and object freed, its
+    libraries unloaded) takes longer than judging a small case; everything a run leaves behind
+    (reports, printed output, the fork server's socket folder) is done by then, and the exit
+    handlers still run."""
+    STANDALONE["process"] = True
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    else:
+        code = 0
+    import atexit
+    import threading
+
+    if threading.active_count() != 1:  # a thread still running: the ordinary exit waits for it
+        sys.exit(code)
+    if code is not None and not isinstance(code, int):
+        click.echo(code, err=True)
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code or 0)
+
+
 @main.command()
 @click.option("--impl", required=True, help="reference, a name from conformance.yaml, an entry point, pkg.mod:attr or file.py:attr")
 @select_option
 @click.option("--report-dir", default="reports/latest", show_default=True, type=click.Path(file_okay=False),
               help="where the reports go; one run at a time per folder")
-@click.option("-n", "workers", default="0", show_default=True, help="pytest-xdist workers: a number or auto")
+@click.option("-n", "workers", default="0", show_default=True,
+              help="cases at once, each in an isolation child of this run's own process: a number or auto "
+                   "(with --no-isolate: pytest-xdist workers)")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N")
 @click.option("--timeout", type=float, default=None, help="seconds per case (default: conformance.yaml's timeout)")
 @click.option("--no-isolate", is_flag=True, help="run the implementation in the worker itself (faster, not crash-safe)")
@@ -83,16 +119,24 @@ def main() -> None:
 def run(impl, select, report_dir, workers, device, timeout, no_isolate, diagnosis_budget, shard, pytest_args, baseline,
         tier, goldens_dir, cases_dir, config_path):
     """Run an implementation against the goldens and write the conformance report."""
+    from .adapters.loader import locate, resolve
+
+    try:  # a typo in --impl is reported before torch is imported
+        config = _config(config_path, tier, goldens_dir, cases_dir, validate=False)
+        locate(resolve(impl, config))
+    except HarnessError as exc:
+        _fail_usage(exc)
     if not no_isolate:
         from .forkserver import warm_up
 
-        warm_up()  # first: the fork server imports torch while this process does
+        # in a process of its own, torch is imported here, once: the fork server is a fork of this process
+        warm_up(here=STANDALONE["process"])
     from .report import render_table
     from .session import RunOptions
     from .session import run as run_session
 
     try:
-        config = _config(config_path, tier, goldens_dir, cases_dir)
+        config.validate()
         _check_device(device)
         _check_run_flags(workers, timeout, Path(report_dir), config)
         if diagnosis_budget is not None and diagnosis_budget < 0:
@@ -377,7 +421,7 @@ def fuzz(impl, select, budget_s, case_count, seed, case_index, promote, shrink_s
     if not no_isolate:
         from .forkserver import warm_up
 
-        warm_up()
+        warm_up(here=STANDALONE["process"])
     from .fuzz import FuzzOptions
     from .fuzz import fuzz as run_fuzz
     from .report import render_table
@@ -479,15 +523,22 @@ def _floors(config_path: str | None) -> dict[str, int]:
 
 
 def _merge_logs(parts, out_dir: Path) -> None:
+    """The parts' output.log files in one, and the whole output of their long cases beside it."""
+    import shutil
+
     from .golden import write_atomic
+    from .rundir import OUTPUT_DIR, OUTPUT_LOG
 
     chunks = []
     for part in parts:
-        log = Path(part) / "output.log"
+        log = Path(part) / OUTPUT_LOG
         if Path(part).is_dir() and log.exists():
             chunks.append(f"===== {part} =====\n".encode() + log.read_bytes())
+        whole = Path(part) / OUTPUT_DIR
+        if Path(part).is_dir() and whole.is_dir():
+            shutil.copytree(whole, out_dir / OUTPUT_DIR, dirs_exist_ok=True)
     if chunks:
-        write_atomic(out_dir / "output.log", b"\n".join(chunks))
+        write_atomic(out_dir / OUTPUT_LOG, b"\n".join(chunks))
 
 
 if __name__ == "__main__":

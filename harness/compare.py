@@ -388,9 +388,12 @@ def _error_summary(e: torch.Tensor, ulps: torch.Tensor, ulp: torch.Tensor, max_u
     if max_ulps and ulps.numel():
         at = argmax_index(ulps)
         value = float(e[at])
-        if abs(value) <= floor:  # ulps of a value near zero say little: its bound is the absolute floor
+        if floor > 0 and abs(value) <= floor:  # ulps of a value near zero say little: its bound is the floor
             worst += (f" (at an expected {value:.3g}, inside the absolute allowance {floor:.3g}: "
                       f"ulps of a value near zero are tiny)")
+        elif value == 0:  # one ulp of zero is the smallest subnormal: any difference is astronomically many
+            worst += (f" (at an expected 0, where one ulp is {float(ulp[at]):.3g}; this output has no absolute "
+                      "allowance)")
     allowed = policy.rel_l2 if allowed_rel_l2 is None else allowed_rel_l2
     rel = f"rel L2 {rel_l2:.3g} (allowed {allowed:.3g}" + (" with the accumulator model's rounding flips)"
                                                           if allowed != policy.rel_l2 else ")")
@@ -550,8 +553,8 @@ def _compare_index(
     if scores.dtype in (torch.bfloat16, torch.float16):
         scores = scores.float()  # exact widening, as torch's CPU top-k compares them
     order = policy.order
-    if order == "sequence" and params.get("sorted") is False:
-        order = "unordered"  # an unsorted top-k's order is the algorithm's: ties are judged as sets
+    if order == "sequence" and params.get("sorted") is False and not policy.strict_order:
+        order = "unordered"  # an unsorted top-k's order is unspecified: ties are judged as sets
     result = classify_index_rows(
         expected, actual, scores, offset=offset, largest=bool(params.get("largest", policy.largest)),
         order=order, id_limit=context.get(policy.limit) if policy.limit else None,

@@ -35,7 +35,8 @@ EXTENDS = ("default", "none")
 IMPL_FLAGS = {"accept_ties": ("index", "accept_ties", True),
               "accept_near_ties": ("index", "accept_near_ties", True),
               "strict_boundaries": ("quantised", "accept_boundary", False),
-              "strict_signed_zeros": (None, "accept_signed_zeros", False)}  # None: every kind
+              "strict_signed_zeros": (None, "accept_signed_zeros", False),  # None: every kind
+              "strict_topk_order": ("index", "strict_order", True)}  # an unsorted top-k in torch's order
 IMPL_KEYS = {"python", "command", "batch", "expectations", "tolerances", "note", "supports", "accumulator_bits",
              *IMPL_FLAGS}
 TOLERANCE_SECTIONS = ("defaults", "components")  # tolerances.defaults.<kind>, tolerances.components.<component>

@@ -8,7 +8,6 @@ or a hang becomes the `crash` or `timeout` status of that case and a fresh child
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -20,7 +19,6 @@ from .adapters.loader import ImplSpec, instantiate
 from .config import Config, load_config
 from .errors import GoldenError, HarnessError, UsageError
 from .golden import read_manifest
-from .rundir import output_file
 from .runner import CaseResult, run_case
 
 
@@ -127,23 +125,16 @@ class CaseExecutor:
             from .ids import split_case_id
 
             return CaseResult(case_id, split_case_id(case_id)[0], "error", f"golden: {self._manifest_error}")
-        output = self._output_file(case_id)
         if self.isolate:
             return self._isolated(case_id)
-        with capture.capture_fds(output) if output else contextlib.nullcontext():
-            result = run_case(case_id, self.config, self.impl(), self.spec.name, self.manifest, self.spec.conf,
-                              on_executed)
-        capture.attach(result, capture.read_text(output))
-        return result
+        return capture.run_captured(capture.output_file(self.run_dir, case_id), lambda: run_case(
+            case_id, self.config, self.impl(), self.spec.name, self.manifest, self.spec.conf, on_executed))
 
     def _reread_manifest(self) -> None:
         try:
             self.manifest, self._manifest_error = read_manifest(self.config.goldens), ""
         except GoldenError as exc:
             self.manifest, self._manifest_error = {}, str(exc)
-
-    def _output_file(self, case_id: str) -> str | None:
-        return output_file(self.run_dir, case_id)
 
     def impl(self):
         if self._impl is None:

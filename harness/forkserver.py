@@ -8,15 +8,20 @@ CUDA (importing torch does not), so every child may use the GPU and its own thre
 forkserver is not available (Windows), or `CONFORMANCE_START_METHOD=spawn` asks for it, children
 are spawned as before.
 
-This module imports nothing heavy, so the CLI can start the server first thing, and the server
-imports torch while the CLI imports it too (on two cores, in parallel).
+This module imports nothing heavy. `conformance run` starts the server as a fork of itself
+(`warm_up(here=True)`), once it has imported `PRELOAD` and before it starts a thread or an
+implementation: a run then imports torch once, not in two processes at once (on a busy machine the
+second import is a second of CPU the run waits for). Where that is not safe (another Python thread
+runs, CUDA is initialised) the server is a fresh interpreter that imports `PRELOAD` itself.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import sys
 import threading
+import warnings
 
 PRELOAD = ["v41_conformance._forkserver_guard", "torch", "v41_conformance.isolation", "v41_conformance.components",
            "v41_conformance.execution"]  # what every child imports: once, in the server
@@ -39,16 +44,81 @@ def context():
     return ctx
 
 
-def warm_up() -> None:
-    """Start the fork server now (it preloads in the background), so the first child is a fork.
-    Call it from the main thread: the server dies with the thread that started it."""
+def warm_up(here: bool = False) -> None:
+    """Start the fork server now, so the first child is a fork. `here`: fork it from this process,
+    after importing `PRELOAD` here (`preload`), which only a process that knows every thread it runs
+    may ask (the `conformance` command; a host such as a pytest-xdist worker may run threads that
+    `threading` does not list); otherwise a fresh interpreter preloads in the background. Call it
+    from the main thread: the server dies with the thread that started it."""
     if method() != "forkserver":
         return
     context()
     from multiprocessing import forkserver
 
     with _LOCK:
+        if here and _safe_to_fork():
+            preload()
+            _ensure_running_as_fork(forkserver)
+        else:
+            forkserver.ensure_running()
+
+
+def preload() -> None:
+    """Import what the fork server preloads (but the guard, which only the server may import)."""
+    import importlib
+
+    for name in PRELOAD[1:]:
+        importlib.import_module(name)
+
+
+def _safe_to_fork() -> bool:
+    """Whether this process may become the fork server's image: no Python thread but this one, no
+    CUDA context (the native threads of a BLAS library, which torch's import starts, are in the
+    fresh server too: they handle fork)."""
+    if threading.active_count() != 1:
+        return False
+    torch = sys.modules.get("torch")
+    return torch is None or not torch.cuda.is_initialized()
+
+
+def _ensure_running_as_fork(forkserver) -> None:
+    """`multiprocessing.forkserver.ensure_running`, its server a fork of this process instead of a
+    new interpreter: the server runs the very command the interpreter would (so the protocol is
+    the standard library's, whatever the Python version), with only the descriptors it would get."""
+    from multiprocessing import resource_tracker, util
+
+    resource_tracker.ensure_running()  # a fresh interpreter of its own, as always
+    spawn = util.spawnv_passfds
+
+    def fork(path, args, passfds):
+        command = args[-1]  # -c "from multiprocessing.forkserver import main; main(...)"
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        with warnings.catch_warnings():  # Python >= 3.12 warns of any thread, the BLAS pool's included
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid:
+            return pid
+        code = 1
+        try:
+            _close_all_but({0, 1, 2, *passfds})
+            _name_this_process(b"v41-forkserver")  # in ps and /proc/<pid>/comm: its command line is the CLI's
+            exec(command, {"__name__": "__forkserver__"})
+            code = 0
+        except SystemExit:  # the server's normal end: every client has gone
+            code = 0
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+
+    util.spawnv_passfds = fork
+    try:
         forkserver.ensure_running()
+    finally:
+        util.spawnv_passfds = spawn
 
 
 def start(process) -> None:
@@ -56,3 +126,25 @@ def start(process) -> None:
     server must already run (`warm_up`), or it would be tied to the calling thread's life."""
     with _LOCK:
         process.start()
+
+
+def _close_all_but(keep: set[int]) -> None:
+    """Close every file descriptor of this process but `keep` (what a new interpreter would not inherit)."""
+    listing = next((d for d in ("/proc/self/fd", "/dev/fd") if os.path.isdir(d)), None)
+    fds = [int(f) for f in os.listdir(listing)] if listing else range(3, 4096)
+    for fd in fds:
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:  # the listing's own descriptor, already closed
+                pass
+
+
+def _name_this_process(name: bytes) -> None:
+    """The process's name (Linux `PR_SET_NAME`, 15 bytes at most); nothing elsewhere."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass

@@ -94,7 +94,7 @@ def signature(case: dict) -> tuple:
     folded) failed. A shrunk case must fail the same way to replace the original."""
     if case["status"] != "fail":
         return (case["status"],)
-    failing = sorted({output_group(n) for n, m in (case.get("outputs") or {}).items() if not m.get("ok")})
+    failing = sorted({output_group(n) for n, m in (case.get("outputs") or {}).items() if m.get("ok") is False})
     return ("fail", *failing)
 
 

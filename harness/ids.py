@@ -66,3 +66,21 @@ def matches(case_id: str, patterns: list[str]) -> bool:
         if "/" not in pattern and fnmatch.fnmatchcase(component, pattern):
             return True
     return False
+
+
+def may_select(component: str, patterns: list[str]) -> bool:
+    """Whether some case of `component` could match `patterns` (False only when none can). An id
+    has one `/`: a pattern's part before its first `/` (its whole, without one) must match the
+    component, so its characters before the first wildcard must begin it; without a `*` (and with a
+    `/`) each of its characters matches one of the component's."""
+    if not patterns:
+        return True
+    for pattern in patterns:
+        head, sep, _ = pattern.partition("/")
+        wild = next((i for i, c in enumerate(head) if c in "*?["), None)
+        if wild is None or (sep and "*" not in head):
+            if fnmatch.fnmatchcase(component, head):
+                return True
+        elif component.startswith(head[:wild]):
+            return True
+    return False

@@ -18,9 +18,9 @@ from .cases import load_cases
 from .config import Config
 from .golden import discover, read_manifest
 from .ids import matches
+from .rundir import DEFAULT_REPORT_DIR, rerun_dir  # noqa: F401  (DEFAULT_REPORT_DIR re-exported)
 from .store import identity
 
-DEFAULT_REPORT_DIR = "reports/latest"
 
 
 @dataclass
@@ -70,8 +70,8 @@ class RunOptions:
             parts.append(("--timeout", f"{self.timeout:g}"))
         if not self.isolate:
             parts.append(("--no-isolate", None))
-        if str(self.report_dir) != DEFAULT_REPORT_DIR:
-            parts.append(("--report-dir", str(self.report_dir)))
+        if self.report_dir is not None:  # a sibling report dir: re-running one case never replaces this run's report
+            parts.append(("--report-dir", str(rerun_dir(self.report_dir))))
         return parts
 
 

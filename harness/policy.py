@@ -30,12 +30,13 @@ accepted unless `accept_signed_zeros` is false (an implementation's `strict_sign
 - `index`: integer ids compared exactly; when they differ the index verdict classifies each
   row as tie order, near tie (within `near_tie_ulps` of the k-th score) or miss, using the
   reference scores stored as `aux.<scores>`. Tie rows pass with `accept_ties`; near-tie rows
-  (and tie rows) with `accept_near_ties`.
+  (and tie rows) with `accept_near_ties`. A top-k called with `sorted` false returns its picks in
+  an unspecified order: they are judged as a set (of (index, value) pairs, for `topk.torch_cpu`)
+  unless `strict_order`.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -45,7 +46,7 @@ KINDS = ("exact", "bf16", "f32", "quantised", "index")
 # Fields that say how an output's allowance is derived where the judge is given the data for it (context
 # tensors computed where the output differs): shown in descriptions, not written into goldens.
 DESCRIPTIVE = ("labels", "accumulates", "precision")
-FLAGS = ("accept_ties", "accept_near_ties", "accept_boundary", "accept_signed_zeros")  # booleans
+FLAGS = ("accept_ties", "accept_near_ties", "accept_boundary", "accept_signed_zeros", "strict_order")  # booleans
 TUNABLE = ("ulps", "atol", "atol_rel", "rel_l2", "max_diff_fraction", "argument_ulps", "term_ulps", "boundary_ulps",
            "boundary_atol_rel", "near_tie_ulps") + FLAGS
 FLOAT_KINDS = {"bf16": "bf16", "f32": "f32"}  # tolerance kinds, by the output dtype they judge
@@ -91,6 +92,10 @@ class Policy:
     accept_ties: bool = False
     near_tie_ulps: float = 0.0  # scores within this many bf16 ulps of the k-th score are near-tied
     accept_near_ties: bool = False
+    # an unsorted top-k (params.sorted false) leaves its order unspecified: its (index, value) pairs are
+    # judged in any order (harness/components/topk.py) unless this is true (an implementation that
+    # promises torch's order: strict_topk_order)
+    strict_order: bool = False
     # every kind: an element that differs only in the sign of a zero (a float -0 / +0, or the two zero
     # codes `zero_codes` of an exact code output) is counted as a signed zero and accepted unless this is
     # false (docs/verdicts.md, "Signed zeros")
@@ -150,7 +155,12 @@ class Policy:
         return cls(**data)
 
     def describe(self) -> str:
-        return _describe(self)
+        """One line (kept on the instance: a case reports it for each of its hundreds of outputs, and a
+        frozen dataclass hashes every field to find it in a cache)."""
+        said = self.__dict__.get("_described")
+        if said is None:
+            said = self.__dict__["_described"] = self._describe()
+        return said
 
     def _describe(self) -> str:
         if self.kind in ("bf16", "f32"):
@@ -172,7 +182,8 @@ class Policy:
             accepted = [label for flag, label in ((self.accept_ties, "tie order"),
                                                   (self.accept_near_ties, "near ties")) if flag]
             near = f"; near tie within {self.near_tie_ulps:g} ulp of the k-th score" if self.near_tie_ulps else ""
-            return "index: exact" + near + (f" ({' and '.join(accepted)} accepted)" if accepted else "")
+            strict = "; an unsorted top-k in torch's order" if self.strict_order else ""
+            return "index: exact" + near + strict + (f" ({' and '.join(accepted)} accepted)" if accepted else "")
         if self.kind == "quantised":
             how = "accepted" if self.accept_boundary else "counted, not accepted"
             return (f"quantised {self.quant} {self.encoding}: exact; one-step flips where the value before rounding "
@@ -183,9 +194,3 @@ class Policy:
 # An output judged for precision may lie up to this factor farther from the exact value than the
 # reference does (in L2): equally many roundings in another order land on either side of it.
 PRECISION_MARGIN = 1.125
-
-
-@functools.lru_cache(maxsize=4096)
-def _describe(policy: Policy) -> str:
-    """`Policy.describe`, once per policy (a case reports it for each of its hundreds of outputs)."""
-    return policy._describe()

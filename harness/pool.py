@@ -15,8 +15,8 @@ import threading
 from collections import deque
 
 from .case_result import CaseResult
+from . import capture
 from .isolation import IsolatedWorker
-from .rundir import output_file
 
 
 class CasePool:
@@ -46,7 +46,7 @@ class CasePool:
                 case_id = self._queue.popleft()
                 self._running.add(case_id)
             try:
-                result = worker.run(case_id, output_file(self.run_dir, case_id))
+                result = worker.run(case_id, capture.output_file(self.run_dir, case_id))
             except Exception as exc:  # a harness bug: never blame the implementation for it
                 from .ids import split_case_id
 

@@ -88,6 +88,7 @@ class ConformanceRun:
         self._shared = None  # the controller's pool for its local xdist workers (v41_conformance.shared_pool)
         self._executor = None  # --conformance-no-isolate (v41_conformance.execution)
         self._own_object = None  # a conftest's object: the configuration and manifest it is judged with
+        self._run_dir = None  # (the controller's RunDir, its scratch folder without a report dir)
         if self.controller:
             self._plan_run(chosen)
             self.collector = ResultCollector()
@@ -142,8 +143,24 @@ class ConformanceRun:
         token = hashlib.sha256(json.dumps([spec.name, ids, str(config.path), config.tier]).encode()).hexdigest()[:16]
         self.harness_config, self.spec = config, spec
         self.overrides = config.overrides(spec.name)
-        self.plan = Plan(run_document(config, self.options, spec, ids, token, None), ids,
+        self.plan = Plan(run_document(config, self.options, spec, ids, token, self._open_run_dir()), ids,
                          {i: round(c, 6) for i, c in costs.items()}, [asdict(e) for e in expectations])
+
+    def _open_run_dir(self) -> str:
+        """The session's private folder, as `conformance run` has one: what each case prints is captured
+        there (gathered into output.log), isolation children are recorded there (killed at the end).
+        Under the report dir, which it holds for the session (one run at a time per folder); in a
+        scratch folder without one."""
+        import tempfile
+
+        from .rundir import RunDir
+
+        report_dir = self.config.getoption("conformance_report_dir")
+        scratch = None if report_dir else Path(tempfile.mkdtemp(prefix="conformance-"))
+        run_dir = RunDir(Path(report_dir) if report_dir else scratch)
+        run_dir.__enter__()
+        self._run_dir = (run_dir, scratch)
+        return str(run_dir.path.resolve())
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node):
@@ -225,11 +242,14 @@ class ConformanceRun:
             from .golden import read_manifest
             from .runner import run_case
 
+            from .capture import output_file, run_captured
+
             if self._own_object is None:
                 config = config_of(run)
                 self._own_object = (config, read_manifest(config.goldens))
             config, manifest = self._own_object
-            return run_case(case_id, config, conformance_impl, run["impl"]["name"], manifest, run["impl"]["conf"])
+            return run_captured(output_file(run.get("run_dir"), case_id), lambda: run_case(
+                case_id, config, conformance_impl, run["impl"]["name"], manifest, run["impl"]["conf"]))
         if run["isolate"]:  # an isolation child; this process never imports torch for it
             if self._pool is None:
                 shared = getattr(self.config, "workerinput", {}).get(POOL_KEY)
@@ -263,6 +283,14 @@ class ConformanceRun:
         if self.stop is not None:
             self.stop.__exit__(None, None, None)
             self.stop = None
+        if self._run_dir is not None:
+            import shutil
+
+            run_dir, scratch = self._run_dir
+            self._run_dir = None
+            run_dir.__exit__(None, None, None)
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
 
     # -- the verdict (controller) ---------------------------------------------------------------------
     def _conclude(self, session, status: int) -> dict:
@@ -289,6 +317,8 @@ class ConformanceRun:
             doc["problems"].append(f"the pytest session failed outside the conformance cases (pytest exit status "
                                    f"{status}): see pytest's own report")
         if self.config.getoption("conformance_report_dir"):
+            if self._run_dir is not None:  # output.log: what each case printed, as `conformance run` keeps it
+                self._run_dir[0].gather_output(ids, {r["id"]: r["status"] for r in results})
             write_reports(doc, self.options.report_dir)
         return doc
 

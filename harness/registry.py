@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .policy import Policy
 
-Tensors = dict[str, torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+
+Tensors = dict[str, "torch.Tensor"]
 Params = dict[str, Any]
 Call = Callable[[Tensors, Params], Tensors]
 
@@ -196,6 +197,10 @@ class Rederived:
 
 # (inputs, expected outputs, aux, actual outputs, params, the boundary Policy) -> Rederived | None
 Rederive = Callable[[Tensors, Tensors, Tensors, Tensors, Params, Policy], Rederived | None]
+# Outputs whose order the case leaves unspecified (an unsorted top-k): (expected outputs, actual outputs,
+# params, the policy of an output by name) -> the expected outputs rearranged into the implementation's
+# order, with a sentence saying so, or None (judged as stored: the order is specified, or pinned).
+Unordered = Callable[[Tensors, Tensors, Params, Callable[[str], Policy]], "tuple[Tensors, str] | None"]
 # A component whose outputs sit downstream of fp8/fp4 decisions judges them along its chain of
 # stages (harness/chain): (golden inputs, outputs and aux, the actual outputs and intermediates,
 # params, the judge, the boundary Policy) -> every verdict in chain order (chain.stages.ChainJudgement).
@@ -220,6 +225,7 @@ class Component:
     floor: int = 1
     expected_outputs: Callable[[Params], tuple[str, ...]] | None = None  # for step-named outputs
     rederive: Rederive | None = None  # boundary flips of an internal quantised value (see Rederived)
+    unordered: Unordered | None = None  # outputs in an unspecified order (see Unordered)
     # (inputs, params) -> (reference outputs, aux) in one pass, for components whose aux would
     # otherwise re-run the reference (attention); the generator prefers it to execute + aux
     reference_with_aux: Callable[[Tensors, Params], tuple[Tensors, Tensors]] | None = None
@@ -255,6 +261,9 @@ class Component:
     # downstream are judged given them (docs/verdicts.md, "The chain"). Names are per call.
     intermediates: tuple[OutputSpec, ...] = ()
     chain: Chain | None = None
+    # Values the chain derives from the outputs to judge them by, never returned nor stored (attention's
+    # kept candidate blocks, judged as candidates.select judges its `blocks`), each with its policy.
+    derived_specs: tuple[OutputSpec, ...] = ()
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -314,7 +323,7 @@ class Component:
         becomes the name's prefix (`s03.l2.`), so each step's output is judged against that
         step's aux tensors."""
         base = name.rsplit(".", 1)[-1]
-        spec = next((s for s in self.outputs + self.intermediates if s.name in (name, base)), None)
+        spec = next((s for s in self.outputs + self.intermediates + self.derived_specs if s.name in (name, base)), None)
         if spec is None:
             raise KeyError(f"component {self.name} has no output {name!r}")
         prefix = name[: len(name) - len(base)]

@@ -10,7 +10,8 @@ Everything a run writes while it runs lives in `DIR/.run/<token>/`, private to i
   group); `kill_children()` kills those groups when the run ends, however it ends, so nothing an
   implementation started outlives the run,
 - `output/<n>.log`: what the implementation printed during each case (`v41_conformance.capture`),
-  gathered into `DIR/output.log` at the end.
+  gathered into `DIR/output.log` at the end (the last MiB of each case; a case that printed more
+  keeps all of it in `DIR/output/<n>.log`).
 
 The folder is removed when the run ends; the reports are written into DIR while the lock is held.
 """
@@ -27,9 +28,11 @@ from pathlib import Path
 
 from .errors import UsageError
 
+DEFAULT_REPORT_DIR = "reports/latest"
 LOCK = ".lock"
 PRIVATE = ".run"
 OUTPUT_LOG = "output.log"
+OUTPUT_DIR = "output"  # the whole output of each case that printed more than output.log keeps of it
 
 
 class RunDir:
@@ -72,13 +75,23 @@ class RunDir:
 
     def gather_output(self, case_ids: list[str], statuses: dict[str, str]) -> None:
         """`<report dir>/output.log`: what the implementation printed, case by case (those that
-        printed anything), each under a header with its id and status."""
+        printed anything), each under a header with its id and status: the last
+        `capture.LOG_CASE_CHARS` of each case, and the whole of a case that printed more in
+        `<report dir>/output/<component>__<case>.log` (named where output.log cuts it)."""
         from . import capture
         from .golden import write_atomic
 
+        whole = self.report_dir / OUTPUT_DIR
+        shutil.rmtree(whole, ignore_errors=True)  # an earlier run's
         parts = []
         for case_id in case_ids:
-            text = capture.read_text(self.path / "output" / (case_id.replace("/", "__") + ".log"))
+            name = capture.file_name(case_id)
+            path = self.path / "output" / name
+            kept = f"{OUTPUT_DIR}/{name}" if path.exists() and path.stat().st_size > capture.LOG_CASE_CHARS else ""
+            text = capture.read_text(path, where=f"; all of it in {kept}" if kept else "")
+            if kept:
+                whole.mkdir(exist_ok=True)
+                shutil.move(str(path), str(whole / name))
             if text.strip():
                 parts.append(f"===== {case_id} ({statuses.get(case_id, '?')}) =====\n{text.rstrip()}\n")
         body = "\n".join(parts) if parts else "(the implementation printed nothing)\n"
@@ -96,12 +109,11 @@ class RunDir:
             entry.unlink(missing_ok=True)
 
 
-def output_file(run_dir: str | None, case_id: str) -> str | None:
-    """Where a case's output is captured: `<run dir>/output/<component>__<case>.log` (None without
-    a run dir: the pytest plugin's runs capture nothing to a file)."""
-    if not run_dir or not (Path(run_dir) / "output").exists():
-        return None
-    return str(Path(run_dir) / "output" / (case_id.replace("/", "__") + ".log"))
+def rerun_dir(report_dir: Path | str) -> Path:
+    """Where a re-run command writes its report: a sibling of the run's report dir (`reports/latest`
+    -> `reports/latest-rerun`), so re-running one case never replaces the report it came from."""
+    report_dir = Path(report_dir)
+    return report_dir.with_name(report_dir.name + "-rerun")
 
 
 def register_child(run_dir: str | None, pid: int) -> None:

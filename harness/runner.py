@@ -14,6 +14,7 @@ import traceback
 from collections import ChainMap
 from pathlib import Path
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ import torch
 from . import regenerated
 from .case_result import PASSING, STATUSES, CaseResult  # noqa: F401  (the record of a case, re-exported)
 from .chain.digest import CASE_DIGEST, case_digest
-from .chain.stages import StageVerdict
+from .chain.stages import StageVerdict, attribute_problem, differing
 from .compare import OutputVerdict, compare_output, identical_verdict
 from .adapters.base import Declined, Unsupported
 from .adapters.subprocess_adapter import ImplementationError
@@ -31,6 +32,7 @@ from .errors import GoldenError, HarnessError
 from .golden import Golden, load_verified
 from .ids import split_case_id
 from .registry import Component, Rederived, components
+from .rundir import DEFAULT_REPORT_DIR, rerun_dir
 from .stepnames import step_of
 
 
@@ -43,7 +45,8 @@ class StepError(Exception):
 
 
 def repro_command(case_id: str, impl: str) -> str:
-    return f"conformance run --impl {impl} --select '{case_id}'"
+    """The command that re-runs one case, into a report dir of its own (never a run's)."""
+    return f"conformance run --impl {impl} --select '{case_id}' --report-dir {rerun_dir(DEFAULT_REPORT_DIR)}"
 
 
 def run_case(case_id: str, config: Config, impl, impl_name: str, manifest: dict, impl_conf: dict | None = None,
@@ -57,9 +60,9 @@ def run_case(case_id: str, config: Config, impl, impl_name: str, manifest: dict,
     try:
         _run(case_id, config, impl, manifest, impl_conf or {}, result, on_executed)
     except GoldenError as exc:
-        result.status, result.message = "error", f"golden: {exc}"
+        result.status, result.kind, result.message = "error", "golden error", f"golden: {exc}"
     except HarnessError as exc:
-        result.status, result.message = "error", str(exc)
+        result.status, result.kind, result.message = "error", "harness error", str(exc)
     result.duration_s = time.perf_counter() - start
     return result
 
@@ -70,38 +73,57 @@ def _run(case_id: str, config: Config, impl, manifest: dict, impl_conf: dict, re
     if result.component not in registry:
         raise GoldenError(f"{case_id}: component {result.component!r} is not known to this harness version")
     component = registry[result.component]
+    if not _supported(component, impl, result):  # whatever its golden: a missing one is not the implementation's
+        return
     golden = load_verified(config.goldens, case_id, manifest, config.generate_command)
-    regenerated.restore(golden, component)
+    regenerated.restore(golden, component, lend=True)  # verified only where the answer is not the golden's
     result.golden_sha256 = golden.sha256
-    judge_golden(component, golden, impl, config, impl_conf, result, on_executed)
+    _judge_supported(component, golden, impl, config, impl_conf, result, on_executed)
 
 
 def judge_golden(component: Component, golden: Golden, impl, config: Config, impl_conf: dict,
                  result: CaseResult, on_executed: Callable[[], None] | None = None) -> None:
     """Run `impl` on one golden (from a file or built in memory) and record the verdict in `result`."""
+    if _supported(component, impl, result):
+        _judge_supported(component, golden, impl, config, impl_conf, result, on_executed)
+
+
+def _supported(component: Component, impl, result: CaseResult) -> bool:
+    """Whether `impl` supports the component; if not, `result` says so (`unsupported`, or `error`
+    when supports() itself raised)."""
     try:
         supported = bool(impl.supports(component.name))
     except Exception as exc:  # an implementation bug, not ours
         result.status, result.message = "error", f"supports({component.name!r}) raised {_exc_line(exc)}"
-        return
+        result.kind = "exception"
+        return False
     if not supported:
         result.status, result.message = "unsupported", f"implementation does not support {component.name}"
-        return
+    return supported
+
+
+def _judge_supported(component: Component, golden: Golden, impl, config: Config, impl_conf: dict,
+                     result: CaseResult, on_executed: Callable[[], None] | None = None) -> None:
     params = component.with_defaults(golden.meta["params"])  # every optional param reaches the implementation
     result.params = {k: v for k, v in params.items() if not isinstance(v, (list, dict)) or k == "schedule"}
     actual = _execute(component, impl, golden, params, result)
     if on_executed is not None:
         on_executed()
+    if regenerated.lent(golden) and not (actual is not None and _bit_for_bit(component, golden, actual)):
+        regenerated.settle(golden, component)  # what follows may rely on the recorded inputs
     if actual is None:
         return
-    _judge(component, golden, actual, params, config, impl_conf, result)
-    if result.status in ("fail", "error") and result.outputs and config.diagnosis_budget > 0:
-        _diagnose(component, golden, actual, params, config, impl_conf, result)
+    message = _judge(component, golden, actual, params, config, impl_conf, result)
+    # A failed comparison only: a protocol error (wrong names, dtypes or shapes) is no porting bug to name.
+    diagnosis = _diagnose(component, golden, actual, params, config, impl_conf, result) \
+        if result.status == "fail" and result.outputs and config.diagnosis_budget > 0 else []
+    result.message = message.text(diagnosis)
 
 
 def _diagnose(component: Component, golden: Golden, actual: dict, params: dict, config: Config, impl_conf: dict,
-              result: CaseResult) -> None:
-    """Name the known porting bugs under which the failing outputs pass (harness/diagnosis)."""
+              result: CaseResult) -> list[str]:
+    """Name the known porting bugs under which the failing outputs pass (harness/diagnosis): the
+    diagnosis is recorded in `result`, its lines for the message returned."""
     from .diagnosis import diagnose
 
     verdicts = {name: bool(m["ok"]) for name, m in result.outputs.items() if m.get("ok") is not None}
@@ -120,11 +142,20 @@ def _diagnose(component: Component, golden: Golden, actual: dict, params: dict, 
     found = diagnose(component.name, verdicts, params, rejudge, config.diagnosis_budget, at, screen,
                      screen_cost=(step + 2) / len(schedule) if screen is not None else 1.0)
     result.diagnosis = found.to_json()
-    lines = result.message.splitlines()
-    head = 0
-    while head < len(lines) and lines[head].startswith("first divergent "):
-        head += 1
-    result.message = "\n".join(lines[:head] + found.lines() + lines[head:])  # early: long messages are clipped
+    return found.lines()
+
+
+def _bit_for_bit(component: Component, golden: Golden, actual: dict) -> bool:
+    """Whether the answer holds every output of the golden, bit for bit (the case digest along a
+    chain): then it came from the recorded inputs."""
+    stored = golden.aux.get(CASE_DIGEST)
+    if component.chain is not None and stored is not None:
+        try:
+            return torch.equal(case_digest(actual), stored)
+        except Exception:  # an answer the digest cannot read: not the golden's
+            return False
+    return all(isinstance(actual.get(name), torch.Tensor) and not attribute_problem(actual[name], want.dtype, want.shape)
+               and not bool(differing(actual[name], want, 0).any()) for name, want in golden.outputs.items())
 
 
 class _Stopped(Exception):
@@ -201,7 +232,8 @@ def _execute(component: Component, impl, golden: Golden, params: dict, result: C
     def call(inputs: dict[str, torch.Tensor], call_params: dict[str, Any]) -> dict[str, torch.Tensor]:
         return impl.run(component.name, inputs, call_params)
 
-    inputs = {k: v.clone() for k, v in golden.inputs.items()}
+    lent = regenerated.lent(golden)  # unverified, lent without a copy (settled unless the answer is the golden's)
+    inputs = {k: v if k in lent else v.clone() for k, v in golden.inputs.items()}
     try:
         actual = component.execute(call, inputs, dict(params))
     except Unsupported as exc:
@@ -210,20 +242,21 @@ def _execute(component: Component, impl, golden: Golden, params: dict, result: C
             "implementation does not support this case"
         return None
     except StepError as exc:
-        result.status, result.message = "error", f"implementation failed at {exc}"
+        result.status, result.kind, result.message = "error", "exception", f"implementation failed at {exc}"
         if exc.__cause__ is not None:
             result.message += _implementation_frames(exc.__cause__)
         result.first_divergent_step = exc.step
         return None
     except ImplementationError as exc:  # a program behind the subprocess adapter said so
-        result.status, result.message = "error", f"the implementation's program: {exc}"
+        result.status, result.kind, result.message = "error", "program error", f"the implementation's program: {exc}"
         return None
     except Exception as exc:
-        result.status = "error"
+        result.status, result.kind = "error", "exception"
         result.message = f"implementation raised {_exc_line(exc)}" + _implementation_frames(exc)
         return None
     if not isinstance(actual, dict):
-        result.status, result.message = "error", f"run() returned {type(actual).__name__}, expected a dict of tensors"
+        result.status, result.kind = "error", "type error"
+        result.message = f"run() returned {type(actual).__name__}, expected a dict of tensors"
         return None
     return actual
 
@@ -239,14 +272,45 @@ def _declined(golden: Golden, actual: dict) -> tuple[dict, dict[str, str]]:
     return kept, {n: r for n, r in declined.items() if n in golden.outputs}
 
 
+@dataclass
+class Message:
+    """A judged case's message in the order a reader acts on it: `lead` (what failed first, with
+    its evidence, then the chain), the diagnosis (inserted once it is known), then `rest` (the
+    other failing outputs)."""
+
+    lead: list[str] = field(default_factory=list)
+    rest: list[str] = field(default_factory=list)
+
+    def text(self, diagnosis: list[str] = ()) -> str:
+        return "\n".join([*self.lead, *diagnosis, *self.rest]).strip("\n")
+
+
+# What an output's attribute problem (harness/compare.py) is, for the kind of a case's error.
+PROTOCOL_KINDS = (("dtype ", "dtype error"), ("shape ", "shape error"), ("tensor is on ", "device error"))
+
+
+def _protocol_kind(message: str) -> str:
+    problem = message.split(": ", 1)[-1]
+    return next((kind for start, kind in PROTOCOL_KINDS if problem.startswith(start)), "type error")
+
+
 def _judge(component: Component, golden: Golden, actual: dict, params: dict, config: Config,
-           impl_conf: dict, result: CaseResult) -> None:
+           impl_conf: dict, result: CaseResult) -> Message:
+    """Judge every output into `result` (status, outputs, metrics, chain, the message without a
+    diagnosis) and return the message in its parts (the diagnosis goes between them)."""
+    message = _judged(component, golden, actual, params, config, impl_conf, result)
+    result.message = message.text()
+    return message
+
+
+def _judged(component: Component, golden: Golden, actual: dict, params: dict, config: Config,
+            impl_conf: dict, result: CaseResult) -> Message:
     expected_names = set(golden.outputs)
     actual, declined = _declined(golden, actual)
     if declined and set(declined) >= expected_names:
         result.status = "unsupported"
-        result.message = "the implementation declined every output: " + "; ".join(f"{n} ({r})" for n, r in sorted(declined.items()))
-        return
+        return Message(["the implementation declined every output: "
+                        + "; ".join(f"{n} ({r})" for n, r in sorted(declined.items()))])
     missing = sorted(expected_names - set(actual))
     extra = sorted(n for n in set(actual) - expected_names if component.intermediate_spec(n) is None)
     if missing or extra:
@@ -255,9 +319,8 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
             parts.append(f"missing output(s) {missing}")
         if extra:
             parts.append(f"unexpected output(s) {extra}")
-        result.status = "error"
-        result.message = f"{'; '.join(parts)}; {component.name} returns {sorted(expected_names)}"
-        return
+        result.status, result.kind = "error", "missing-output error" if missing else "unexpected-output error"
+        return Message([f"{'; '.join(parts)}; {component.name} returns {sorted(expected_names)}"])
     failures, attribute_errors = [], []
     first_step = None
     stages = _verdicts(component, golden, actual, params, config, impl_conf, result)
@@ -294,25 +357,27 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
     # Real differences (misses, mismatches, a policy) lead, in chain order; differences the harness
     # explains but this implementation's flags refuse (tie order, near ties, strict boundaries) follow.
     failures = [message for _, message in sorted(failures, key=lambda f: f[0])]
-    if attribute_errors:
-        result.status = "error"
-        result.message = "\n".join(attribute_errors + failures)
+    chain = [result.chain] if result.chain else []
+    if attribute_errors:  # a protocol error: what was answered, before any value
+        result.status, result.kind = "error", _protocol_kind(attribute_errors[0])
+        message = Message(attribute_errors + failures)
     elif failures:
         result.status = "fail"
-        head = f"first divergent step: {first_step}\n" if first_step is not None else ""
+        head = [f"first divergent step: {first_step}"] if first_step is not None else []
         if result.first_divergent_stage:
-            head += f"first divergent stage: {result.first_divergent_stage}\n"
-        result.message = head + "\n".join(failures) + (f"\n{result.chain}" if result.chain else "")
+            head.append(f"first divergent stage: {result.first_divergent_stage}")
+        # the first failure's evidence, then the chain (and the diagnosis), then the other failures
+        message = Message(head + failures[:1] + chain, failures[1:])
     else:
         result.status = "partial" if declined else "pass"
         accepted = [f"{getattr(result, d.count)} {d.what}" for d in DIFFERENCES if getattr(result, d.count)]
-        lines = ["; ".join(accepted) + " (accepted by policy)"] if accepted else []
-        result.message = "\n".join(lines + ([result.chain] if result.chain else []))
+        message = Message((["; ".join(accepted) + " (accepted by policy)"] if accepted else []) + chain)
     if declined:
         said = "; ".join(f"{n} ({r})" for n, r in sorted(declined.items()))
         judged = "judged on the others" + (", those given a declined one given the reference's" if component.chain else "")
-        result.message = f"declined output(s), not judged: {said}; {judged}\n{result.message}".rstrip()
+        message.lead.insert(0, f"declined output(s), not judged: {said}; {judged}")
         result.declined = sorted(declined)
+    return message
 
 
 def _verdicts(component: Component, golden: Golden, actual: dict, params: dict, config: Config, impl_conf: dict,
@@ -342,6 +407,7 @@ def _verdicts(component: Component, golden: Golden, actual: dict, params: dict, 
         result.boundary_example = result.boundary_example or chain.flip_example
         return chain.verdicts
     golden, rederived = _rederived(component, golden, actual, params, config, impl_conf, result)
+    golden, reordered = _reordered(component, golden, actual, params, config, impl_conf)
     context = golden_context(golden)
     if component.judge_context is not None and any(
             not _same_bits(actual[n], golden.outputs[n]) for n in golden.outputs if isinstance(actual.get(n), torch.Tensor)):
@@ -355,8 +421,24 @@ def _verdicts(component: Component, golden: Golden, actual: dict, params: dict, 
             raise _Stopped(name)
         if rederived is not None and name in rederived.outputs:
             verdict.message = f"judged against the reference recomputed with {rederived.example}\n{verdict.message}".strip()
+        if reordered and name in reordered[0] and verdict.message:  # right under the output's first line
+            head, _, rest = verdict.message.partition("\n")
+            verdict.message = f"{head}\n  {reordered[1]}" + (f"\n{rest}" if rest else "")
         out.append(StageVerdict(name, verdict))
     return out
+
+
+def _reordered(component: Component, golden: Golden, actual: dict, params: dict, config: Config,
+               impl_conf: dict) -> tuple[Golden, tuple[dict, str] | None]:
+    """The golden with the outputs whose order the case leaves unspecified put in the
+    implementation's order (the component's `unordered` hook), and what was rearranged."""
+    if component.unordered is None:
+        return golden, None
+    found = component.unordered(golden.outputs, actual, params,
+                                lambda name: config.policy(component, name, impl_conf, dtype=golden.outputs[name].dtype))
+    if found is None:
+        return golden, None
+    return dataclasses.replace(golden, outputs={**golden.outputs, **found[0]}), found
 
 
 def _dtype_of(golden: Golden, name: str, actual: dict) -> torch.dtype | None:
@@ -473,15 +555,20 @@ def summarise_metrics(outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """One line of numbers per case: the worst of each error metric and the total of each count."""
     worst: dict[str, Any] = {}
     total: dict[str, int] = {}
-    failed = 0
+    failed = declined = 0
     for m in outputs.values():  # one pass: a case reports hundreds of outputs
-        failed += not m.get("ok")
+        if m.get("ok") is None:  # declined: neither passed nor failed
+            declined += 1
+            continue
+        failed += not m["ok"]
         for key, value in m.items():
             if key in _WORST and isinstance(value, (int, float)):
                 worst[key] = value if key not in worst else max(worst[key], value)
             elif key in _TOTAL and isinstance(value, int):
                 total[key] = total.get(key, 0) + value
-    summary: dict[str, Any] = {"outputs": len(outputs), "outputs_failed": failed}
+    summary: dict[str, Any] = {"outputs": len(outputs) - declined, "outputs_failed": failed}
+    if declined:
+        summary["outputs_declined"] = declined
     summary.update({key: worst[key] for key in WORST if key in worst})
     summary.update({key: total[key] for key in TOTAL if key in total})
     return summary

@@ -18,8 +18,8 @@ Schema (version 1)::
                          floor, floor_ok, tie_rows, near_tie_rows, boundary_flips, signed_zeros, verdict}},
      problems: [str],            # run-level: floors unmet, nothing ran, stale expectations
      stale_expectations: [str],
-     cases: [{id, component, status, message, params,
-              metrics: {outputs, outputs_failed, max_ulps, rel_l2, max_abs_err, diff_fraction,
+     cases: [{id, component, status, kind (an error's: dtype error, exception, ...), message, params,
+              metrics: {outputs, outputs_failed, outputs_declined (judged neither way), max_ulps, rel_l2, max_abs_err, diff_fraction,
                         bound_used, ulps_headroom, rel_l2_headroom, mismatched, rows_miss, rows_tie,
                         rows_near_tie, boundary_flips, signed_zeros},
               outputs: {name: {ok, policy, note (what a passing output accepted), and that
@@ -32,7 +32,7 @@ Schema (version 1)::
               duration_s, golden_sha256, tie_rows, tie_example, near_tie_rows, near_tie_example,
               boundary_flips, boundary_example, signed_zeros, signed_zero_example, first_divergent_step,
               first_divergent_stage (along a chain: the first failing output or intermediate),
-              expectation, repro}],
+              expectation, repro (into a sibling report dir), output (the tail it printed)}],
      baseline: {...},            # with --baseline: the diff document (harness/diff.py)
      merged_from, floors_enforced}  # written by `conformance merge` (harness/merge.py)
 
@@ -69,7 +69,7 @@ from .ids import split_case_id
 from .plan import (DEFAULT_REPORT_DIR, RunOptions, case_costs, ids_digest, run_document,  # noqa: F401  (re-exported)
                    select_case_ids, shard_ids)
 from .registry import components
-from .rundir import RunDir
+from .rundir import RunDir, rerun_dir
 from .runner import STATUSES
 from .store import identity
 
@@ -78,6 +78,11 @@ NOT_RUN = "not_run"
 
 
 XDIST_FLAGS = ("-n", "--numprocesses", "--tx", "-d", "--dist", "--maxprocesses")
+# The run's own pytest session: no cache, no assertion rewriting, one line of progress; and none of
+# the plugins that collect garbage at its end to find unraisable exceptions (with torch loaded, a
+# third of a second for nothing: the cases run in other processes, or report their own errors).
+QUIET_PYTEST = ("-p", "no:cacheprovider", "-p", "no:unraisableexception", "-p", "no:threadexception", "--assert=plain",
+                "-q", "--no-header", "-rN", "--tb=no")
 
 
 def _xdist_requested(pytest_args: tuple[str, ...]) -> bool:
@@ -146,7 +151,7 @@ def run(config: Config, options: RunOptions) -> dict:
         (run_dir.path / "pytest.ini").write_text("[pytest]\n")
         collector = ResultCollector()
         args = ["-c", str(run_dir.path / "pytest.ini"), "--rootdir", str(run_dir.path), "-p", "v41_conformance.pytest_plugin",
-                "-p", "no:cacheprovider", "--assert=plain", "-q", "--no-header", "-rN", "--tb=no", str(run_file)]
+                *QUIET_PYTEST, str(run_file)]
         if not pool and count > 1:
             args += ["-n", str(count)]
         args += list(options.pytest_args)

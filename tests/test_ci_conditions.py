@@ -279,9 +279,11 @@ def test_the_rerun_command_reproduces_the_case_with_every_flag(tmp_path):
     command = shlex.split(case["repro"])
     for flag in ("--config", "--timeout", "--report-dir", "--no-isolate"):
         assert flag in command, case["repro"]
+    before = results(report)
     again = run_cli(*command[1:], cwd=tmp_path)
     assert again.returncode == 1
-    assert statuses(results(report)) == {case["id"]: "fail"}
+    assert statuses(results(tmp_path / "my reports-rerun")) == {case["id"]: "fail"}
+    assert results(report) == before  # into a sibling folder: the run's own report stays as it was
 
 
 # --- 10. bad flags ------------------------------------------------------------------------------

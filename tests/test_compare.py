@@ -255,3 +255,16 @@ def test_an_exact_failure_names_the_position_it_differs_at_where_the_output_labe
     verdict = compare_output("s00.published", e, a, spec.base_policy())
     assert "[1, 1] (index_k) | False | True" in verdict.message
     assert "labels" not in spec.base_policy().to_json()  # a message aid, not part of the policy
+
+
+def test_a_zero_expected_value_is_never_said_to_be_inside_an_allowance_of_zero():
+    """indexer/consumer-r1-prefill-s21-blocks2-top3: 4.4e-4 against a recomputed 0, no absolute
+    floor: the message says the ulp of zero is tiny and that there is no allowance, not that the
+    value sits inside an allowance of 0."""
+    e = torch.tensor([0.0, 1.0, 2.0, 4.0])
+    a = torch.tensor([4.4e-4, 1.0, 2.0, 4.0])
+    verdict = compare_output("scores", e, a, Policy("f32", ulps=1, rel_l2=0.5))
+    assert not verdict.ok and "inside the absolute allowance" not in verdict.message
+    assert "at an expected 0, where one ulp is 1.4e-45; this output has no absolute allowance" in verdict.message
+    floored = compare_output("scores", e, a, Policy("f32", ulps=1, rel_l2=0.0, atol=1e-4))
+    assert "at an expected 0, inside the absolute allowance 0.0001" in floored.message

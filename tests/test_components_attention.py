@@ -286,3 +286,22 @@ def test_topology_example_is_accepted_and_rejections_name_the_layer_and_both_sou
             assert re.match(r"layer \d+: ", message), message
         if "lies in" in message:   # a refinement failure names the layer and both sources
             assert len(re.findall(r"\d+", message.split(";")[0])) >= 3, message
+
+
+def test_a_tie_between_candidate_blocks_follows_the_blocks_verdict_as_in_candidates_select():
+    """a-p21-d1x11-upstream s00.l4, query row 11: blocks 0 and 4 share the maximum 1.3984375 and a
+    port keeping the lower id keeps the other one. The mask is judged as candidates.select judges
+    it: its kept blocks as an index output (tie order: counted, fails unless accept_ties), then the
+    mask given those blocks (exactly their rows)."""
+    from impls.wrong_indexer import LowestIndexBlockTies
+
+    case_id = "attention/a-p21-d1x11-upstream"
+    strict = run_case(case_id, CONFIG, LowestIndexBlockTies(), "block-ties", MANIFEST)
+    blocks = strict.outputs["s00.l4.candidate_blocks"]
+    assert strict.status == "fail" and strict.first_divergent_stage == "s00.l4.candidate_blocks", strict.message
+    assert blocks["rows_tie"] == 1 and blocks["rows_miss"] == 0 and not blocks["ok"]
+    mask = strict.outputs["s00.l4.candidates"]
+    assert mask["ok"] and mask["given"] == ["candidate_blocks"]
+    assert "row (0, 11): k-th reference score 1.3984375" in strict.message
+    lenient = run_case(case_id, CONFIG, LowestIndexBlockTies(), "block-ties", MANIFEST, {"accept_ties": True})
+    assert lenient.status == "pass" and lenient.tie_rows == strict.tie_rows >= 1, lenient.message

@@ -30,13 +30,8 @@ def test_goldens_agree_with_real_torch_topk(case_id):
 
 
 def _sorted_cases():
-    out = []
-    for case_id in TOPK_CASES:
-        p = load_verified(CONFIG.goldens, case_id, MANIFEST).meta["params"]
-        partial = int(p["k"]) * 64 <= load_verified(CONFIG.goldens, case_id, MANIFEST).inputs["values"].shape[-1]
-        if p.get("sorted", True) or partial:
-            out.append(case_id)
-    return out
+    """The cases whose order is torch's by contract (sorted=True; an unsorted one is judged as a set)."""
+    return [c for c in TOPK_CASES if load_verified(CONFIG.goldens, c, MANIFEST).meta["params"].get("sorted", True)]
 
 
 def test_lowest_index_tie_breaking_is_tie_order_only_on_exactly_the_tied_rows():
@@ -88,3 +83,29 @@ def test_tie_verdict_through_the_cli_and_conformance_yaml(tmp_path):
     doc = results(report)
     assert doc["components"]["topk.torch_cpu"]["tie_rows"] == 3
     assert "ties" in proc.stdout
+
+
+UNSORTED = [c for c in TOPK_CASES if not load_verified(CONFIG.goldens, c, MANIFEST).meta["params"].get("sorted", True)]
+
+
+def test_an_unsorted_top_k_is_judged_as_its_pairs_in_any_order():
+    """sorted=False leaves the order unspecified: the reference's (index, value) pairs in another
+    order pass (no tie order, nothing to accept); a wrong value fails at values, a wrong index is a
+    miss; an implementation that promises torch's order (strict_topk_order) is held to it."""
+    from impls.wrong_topk import PermutedPairs, PermutedWrongIndex, PermutedWrongValue
+
+    assert len(UNSORTED) >= 8
+    strict_failures = 0
+    for case_id in TOPK_CASES:
+        result = run_case(case_id, CONFIG, PermutedPairs(), "permuted", MANIFEST)
+        assert result.status == "pass" and not result.tie_rows, (case_id, result.message)
+        strict = run_case(case_id, CONFIG, PermutedPairs(), "permuted", MANIFEST, {"strict_topk_order": True})
+        strict_failures += strict.status == "fail"
+        assert strict.status == ("fail" if case_id in UNSORTED else "pass"), case_id
+    assert strict_failures == len(UNSORTED)
+    for case_id in UNSORTED:
+        value = run_case(case_id, CONFIG, PermutedWrongValue(), "wrong-value", MANIFEST, {"accept_ties": True})
+        assert value.status == "fail" and value.outputs["indices"]["ok"] and not value.outputs["values"]["ok"], case_id
+        assert value.outputs["values"]["mismatched"] == 1 and "judged as the set of (index, value) pairs" in value.message
+        index = run_case(case_id, CONFIG, PermutedWrongIndex(), "wrong-index", MANIFEST, {"accept_ties": True})
+        assert index.status == "fail" and index.outputs["indices"]["rows_miss"] == 1, (case_id, index.message)

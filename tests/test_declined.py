@@ -129,3 +129,25 @@ def test_a_stepped_component_declines_an_output_of_every_step_but_never_its_stat
     proc, report = _run(tmp_path / "b", f"{__file__}:DeclinesTheRing", "compressor/r2-q6-p5-d4-rb2-d3")
     case = results(report)["cases"][0]
     assert case["status"] == "error" and "state the next step needs, which cannot be declined" in case["message"]
+
+
+def test_a_declined_output_is_neither_passed_nor_failed_in_any_count(tmp_path):
+    """`outputs` and `outputs_failed` count the judged outputs only; the declined one is counted apart,
+    and no report calls it failed (the console's, the page's output table, the step strip)."""
+    proc, report = _run(tmp_path, f"{__file__}:IdsOnly", "indexer/r1-prefill-s21")
+    case = results(report)["cases"][0]
+    judged = [n for n, m in case["outputs"].items() if m["ok"] is not None]
+    assert "scores" not in judged and len(case["outputs"]) == len(judged) + 1
+    assert case["metrics"]["outputs"] == len(judged) and case["metrics"]["outputs_failed"] == 0
+    assert case["metrics"]["outputs_declined"] == 1
+    page = (report / "report.html").read_text()
+    assert "<td>scores</td><td>declined</td>" in page
+    (tmp_path / "b").mkdir()
+    proc, report = _run(tmp_path / "b", f"{__file__}:IdsOnlyWrongIds", "indexer/r1-prefill-s21")
+    case = results(report)["cases"][0]
+    assert case["metrics"]["outputs"] == len(judged) and case["metrics"]["outputs_failed"] == 1
+    from v41_conformance.report.pictures import step_cells
+    from v41_conformance.report.text import failing_lines
+
+    assert step_cells({"s00.a": {"ok": True}, "s00.b": {"ok": None}}) == {(0, None): True}
+    assert not any("more failing output" in line for line in failing_lines(case, most=1))

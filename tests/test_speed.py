@@ -12,9 +12,10 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
-from conftest import ROOT, results, statuses
+from conftest import ROOT, results, run_cli, statuses
 from v41_conformance import cache, forkserver, regenerated, workers
 from v41_conformance.config import load_config
 from v41_conformance.golden import load_verified, read_manifest
@@ -53,6 +54,20 @@ def test_children_are_forked_from_the_preloaded_server_with_the_parents_environm
         assert fact["marker"] == "set-after-the-server-started"  # the environment of now
         assert fact["cwd"] == str(tmp_path)
     assert {f["slot"] for f in facts} == {"0", "1"}  # -n 2: two children, one per slot
+
+
+def test_the_conformance_command_forks_its_fork_server_from_itself(tmp_path):
+    """`conformance run` imports torch once: its fork server is a fork of the command (named
+    v41-forkserver), not a second interpreter importing torch beside it; a host process that calls
+    the CLI (this test process) keeps a fresh-interpreter server."""
+    proc = run_cli("run", "--impl", INTROSPECT, "--select", "norm.rms/*", "-n", "2", "--report-dir",
+                   str(tmp_path / "rep"), fresh=True)
+    assert proc.returncode == 1, proc.stderr
+    facts = _facts(results(tmp_path / "rep"))
+    assert len(facts) == 5 and {f["parent"] for f in facts} == {"forkserver"} and {f["server"] for f in facts} == {"fork"}
+    assert not list(tmp_path.glob("rep/.run/*"))
+    run_cli("run", "--impl", INTROSPECT, "--select", "norm.rms/*", "--report-dir", str(tmp_path / "host"))
+    assert {f["server"] for f in _facts(results(tmp_path / "host"))} == {"exec"}
 
 
 def test_spawn_is_the_fallback_and_judges_the_same(tmp_path, monkeypatch):
@@ -173,3 +188,43 @@ def test_case_files_read_with_the_c_loader_give_the_same_data():
     for path in sorted((ROOT / "cases").rglob("*.yaml")):
         text = path.read_text()
         assert yaml.load(text, Loader=LOADER) == yaml.safe_load(text), path
+
+
+def test_a_run_lends_cached_inputs_unverified_and_verifies_them_unless_the_answer_is_the_goldens(tmp_path, monkeypatch):
+    """A passing case pays neither for hashing nor for copying its largest inputs: an answer
+    bit-identical to the golden's could only come from the recorded inputs. Any other answer (or an
+    exception) has them verified first; a damaged cache entry is then rebuilt, and the case is a
+    golden error naming it, never a verdict on an answer computed from damaged inputs."""
+    from v41_conformance.adapters.reference import ReferenceAdapter
+    from v41_conformance.runner import run_case
+
+    monkeypatch.setenv("CONFORMANCE_CACHE", str(tmp_path / "cache"))
+    config = load_config(ROOT / "conformance.yaml")
+    manifest = read_manifest(config.goldens)
+    case_id = "linear.fp8/indexer-wq_b-production-3x1280x4096"
+    assert run_case(case_id, config, ReferenceAdapter(), "reference", manifest).status == "pass"  # builds the cache
+    class Mutates(ReferenceAdapter):
+        """The reference, then it scribbles over its input weights (and, if asked, its answer)."""
+
+        def __init__(self, wrong: bool = False):
+            self.wrong = wrong
+
+        def run(self, component, inputs, params):
+            out = super().run(component, inputs, params)
+            inputs["weight"].view(torch.uint8).zero_()
+            return {k: v.neg() for k, v in out.items()} if self.wrong else out
+
+    verified = []
+    original = cache.read
+    monkeypatch.setattr(cache, "read", lambda *a, **k: verified.append(k.get("verify", True)) or original(*a, **k))
+    assert run_case(case_id, config, Mutates(), "mutates", manifest).status == "pass"
+    assert verified and not any(verified)  # taken unverified, lent without a copy, the answer the golden's
+    verified.clear()
+    failed = run_case(case_id, config, Mutates(wrong=True), "wrong", manifest)
+    assert failed.status == "fail" and any(verified)  # verified before the difference was judged
+    stored = sorted(p for p in (tmp_path / "cache" / "inputs").rglob("*") if p.is_file())
+    for victim in stored:
+        victim.write_bytes(b"\1" + victim.read_bytes()[1:])
+    damaged = run_case(case_id, config, ReferenceAdapter(), "reference", manifest)
+    assert damaged.status == "error" and "did not match the SHA-256" in damaged.message and "run the case again" in damaged.message
+    assert run_case(case_id, config, ReferenceAdapter(), "reference", manifest).status == "pass"  # rebuilt

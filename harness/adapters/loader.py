@@ -77,16 +77,48 @@ def instantiate(spec: ImplSpec):
     raise UsageError(f"unknown adapter kind {spec.kind!r} for {spec.name}")
 
 
-def _load_target(target: str, root: Path):
+IMPORTABLE = ("the package must be importable from here: install it (pip install -e . in its repository), "
+              "add its folder to PYTHONPATH, or point --impl at the file (path/to/module.py:attr)")
+
+
+def locate(spec: ImplSpec) -> None:
+    """Check that a Python target exists without running it (a UsageError otherwise): a typo in
+    `--impl` is reported before anything heavy is imported."""
+    if spec.kind != "python":
+        return
+    module_part, attr, path = _parse_target(spec.target, Path(spec.root))
+    if path is not None:
+        return
+    try:
+        found = importlib.util.find_spec(module_part)
+    except (ImportError, ValueError) as exc:  # a parent package that is not there, or does not import
+        raise UsageError(f"--impl {spec.target!r}: cannot import {module_part}: {type(exc).__name__}: {exc}; "
+                         f"{IMPORTABLE}") from None
+    if found is None:
+        raise UsageError(f"--impl {spec.target!r}: no module named {module_part!r}; {IMPORTABLE}")
+
+
+def _parse_target(target: str, root: Path) -> tuple[str, str, Path | None]:
+    """(module, attr, the file for the path form else None); a UsageError for a malformed target or
+    a file that is not there. The module form may sit beside the conformance.yaml that names it."""
     module_part, _, attr = target.rpartition(":")
     if not module_part or not attr:
         raise UsageError(f"--impl {target!r}: expected package.module:attr or path/to/file.py:attr")
-    if module_part.endswith(".py") or "/" in module_part:
-        path = Path(module_part)
-        if not path.is_absolute():
-            path = (Path.cwd() / path) if (Path.cwd() / path).exists() else root / path
-        if not path.exists():
-            raise UsageError(f"--impl {target!r}: file {module_part} not found")
+    if not (module_part.endswith(".py") or "/" in module_part):
+        if str(root) not in sys.path:  # a module beside the conformance.yaml that names it (after sys.path)
+            sys.path.append(str(root))
+        return module_part, attr, None
+    path = Path(module_part)
+    if not path.is_absolute():
+        path = (Path.cwd() / path) if (Path.cwd() / path).exists() else root / path
+    if not path.exists():
+        raise UsageError(f"--impl {target!r}: file {module_part} not found")
+    return module_part, attr, path
+
+
+def _load_target(target: str, root: Path):
+    module_part, attr, path = _parse_target(target, root)
+    if path is not None:
         # As for a script, the file's folder is importable, so the file can import its siblings.
         folder = str(path.resolve().parent)
         if folder not in sys.path:
@@ -100,10 +132,12 @@ def _load_target(target: str, root: Path):
         except Exception as exc:
             raise UsageError(f"--impl {target!r}: importing {path} raised {type(exc).__name__}: {exc}") from None
     else:
-        if str(root) not in sys.path:  # a module beside the conformance.yaml that names it (after sys.path)
-            sys.path.append(str(root))
         try:
             module = importlib.import_module(module_part)
+        except ModuleNotFoundError as exc:
+            mine = exc.name is not None and (module_part == exc.name or module_part.startswith(exc.name + "."))
+            raise UsageError(f"--impl {target!r}: cannot import {module_part}: {exc}"
+                             + (f"; {IMPORTABLE}" if mine else "")) from None
         except Exception as exc:
             raise UsageError(f"--impl {target!r}: cannot import {module_part}: {type(exc).__name__}: {exc}") from None
     try:

@@ -35,7 +35,7 @@ from ..compare import EXACT, EXACT_ERROR
 from ..compare import OWN_PRE as OWN
 from ..reference import numerics as nx
 from ..reference.attention import LayerWeights, output_rank, rope_table, step_window_ids, window_part_length
-from ..reference.candidates import select_candidate_blocks
+from ..reference.candidates import kept_block_ids, select_candidate_blocks
 from ..reference.compressor import completed_groups
 from ..reference.config import AttnConfig, LayerRole, layer_roles
 from ..reference.fp8_linear import Fp8Weight, project
@@ -46,6 +46,7 @@ from ..reference.rope import apply_rotary
 from ..reference.runtime import SLOTS
 from ..reference.sparse_attn import sparse_attn
 from ..stepnames import layer_name, step_name
+from .candidates import rows_of_blocks
 from .digest import differing_rows
 from .stages import (ChainJudgement, Given, Judge, Lazy, RowContext, StageVerdict, assemble, attribute_problem,
                      differing, explained, judge_rows, rows_of)
@@ -431,11 +432,45 @@ class AttentionChain:
         inputs = ("index_scores",) + (("candidates_seen",) if role.candidate_source is not None else ())
         self._output(c, "compressed_ids", ids, inputs, extra=lambda rows, values: {c.name("scores"): ranked(rows)})
         if role.is_candidate_source:
-            def blocks(rows):
-                return select_candidate_blocks(c.given["index_scores"].rows(rows)[None], self._lens(c, rows),
-                                               cfg.candidate_topk_blocks, cfg.candidate_block_size).mask[0]
+            self._candidates(c)
 
-            self._output(c, "candidates", blocks, ("index_scores",))
+    def _candidates(self, c: Call) -> None:
+        """The candidate mask, judged as `candidates.select` judges one (harness/chain/candidates.py):
+        its rows that differ from the golden rederived from the given index scores; where it still
+        differs from that selection, its kept blocks first (`candidate_blocks`, an index output against
+        the ranked block scores: tie order, near tie or miss, by the implementation's flags), then the
+        mask given those blocks."""
+        cfg, name, size = self.cfg, c.name("candidates"), self.cfg.candidate_block_size
+
+        def select(rows):
+            return select_candidate_blocks(c.given["index_scores"].rows(rows)[None], self._lens(c, rows),
+                                           cfg.candidate_topk_blocks, size)
+
+        golden, actual = self.golden[name], self.actual.get(name)
+        if attribute_problem(actual, golden.dtype, tuple(golden.shape)):
+            self._output(c, "candidates", lambda rows: select(rows).mask[0], ("index_scores",))
+            return
+        own, assumed = self._inputs(c, "index_scores")
+        verdict, expected, n = judge_rows(self.judge, name, actual, golden, differing(actual, golden, 2),
+                                          lambda rows: select(rows).mask[0], 2)
+        rows = differing(actual, expected, 2).nonzero().flatten()  # yours is not the selection of your scores
+        if verdict.ok or not rows.numel():
+            sv = self._record(name, verdict, own, assumed, n, hint_for="candidates")
+            c.given["candidates"] = Given(name, rows_of(actual, 2), own=True, passed=sv.explained)
+            return
+        mine, want = kept_block_ids(actual, size), kept_block_ids(expected, size)  # [b, S, nb]
+        ranked = torch.zeros(rows_of(mine, 2).shape, dtype=torch.float32)
+        ranked[rows] = select(rows).ranked_scores[0].float()
+        extra = {c.name("candidate_ranked"): ranked.reshape(mine.shape)}
+        blocks = self._record(c.name("candidate_blocks"), self.judge(c.name("candidate_blocks"), want, mine, extra),
+                              own, assumed, n, hint_for="candidates")
+        if blocks.explained:  # tie order or near ties only: the mask is the rows of your blocks, exactly
+            given = rows_of_blocks(mine, golden.shape[-1], size)
+            sv = self._record(name, self.judge(name, given, actual, {}), ("candidate_blocks",), (),
+                              int(rows.numel()))
+        else:
+            sv = self._record(name, verdict, own, assumed, n, hint_for="candidates")
+        c.given["candidates"] = Given(name, rows_of(actual, 2), own=True, passed=sv.explained)
 
     def _reused_ids(self, c: Call) -> None:
         """A Reuse layer attends its index source's selection as that source returned it (exactly)."""

@@ -352,6 +352,10 @@ register(Component(
     expected_outputs=expected_outputs,
     intermediates=INTERMEDIATES,
     chain=_chain,
+    derived_specs=(OutputSpec("candidate_blocks", "index", "the kept block ids of a candidates mask that differs from "
+                              "the reference's selection (ascending, then -1), judged as candidates.select judges its "
+                              "blocks: against the ranked block scores", "int64", "b S nb", order="set",
+                              scores="{prefix}candidate_ranked"),),
     floor=4,
     notes="one implementation call per (step, layer), layers in order: inputs x [b, S, dim], the layer's weights "
           "(wq_a, q_norm, wq_b, wkv, kv_norm, wo_a, wo_b, attn_sink; comp.* / idx.* / wk, k_norm by role), its "

@@ -176,6 +176,8 @@ def drive_layers(call, inputs: dict, params: dict) -> dict:
     schedule = validate_schedule(params["schedule"])
     b = int(inputs["x"].shape[1])
     states = {r.layer: initial_state(cfg, r.layer, b, max_step(schedule)) for r in roles}
+    weights = {r.layer: call_weights(inputs, r) for r in roles}  # the same every step
+    protocol = {r.layer: _protocol(r) for r in roles}
     runtime: dict[str, torch.Tensor] = {}
     recorded: dict[str, torch.Tensor] = {}
     for i, (start, end) in enumerate(schedule):
@@ -184,7 +186,7 @@ def drive_layers(call, inputs: dict, params: dict) -> dict:
             layer = role.layer
             where = f"layer {layer} ({role.mode}, ratio {role.ratio}), [{start}, {end})"
             given = {k: v.clone() for k, v in states[layer].items()}
-            call_in = {"x": inputs["x"][layer, :, start:end].contiguous(), **call_weights(inputs, role), **given,
+            call_in = {"x": inputs["x"][layer, :, start:end].contiguous(), **weights[layer], **given,
                        **{f"rt.{k}": v.clone() for k, v in runtime.items()}}
             call_params = {**params, "step": i, "start": start, "end": end, "layer": layer, "role": role_dict(role)}
             try:
@@ -193,7 +195,7 @@ def drive_layers(call, inputs: dict, params: dict) -> dict:
                 raise
             except Exception as exc:
                 raise StepError(i, f"{where} raised {type(exc).__name__}: {exc}") from exc
-            _check_result(i, where, role, result)
+            _check_result(i, where, role, result, protocol[layer])
             try:
                 rec, mine = _record(role, cfg, start, end, given, result)
             except (ValueError, IndexError, RuntimeError) as exc:
@@ -207,11 +209,17 @@ def drive_layers(call, inputs: dict, params: dict) -> dict:
     return recorded
 
 
-def _check_result(step: int, where: str, role: LayerRole, result) -> None:
+def _protocol(role: LayerRole) -> tuple[tuple[str, ...], frozenset[str]]:
+    """(what a call of this role must return, everything it may return)."""
+    required = returned_names(role)
+    return required, frozenset(required) | {f"rt.{s}" for s in publishable(role)} | set(intermediate_names(role))
+
+
+def _check_result(step: int, where: str, role: LayerRole, result, protocol: tuple) -> None:
+    """`protocol`: `_protocol(role)`, computed once per layer."""
     if not isinstance(result, dict):
         raise StepError(step, f"{where} returned {type(result).__name__}, expected a dict of tensors")
-    required = returned_names(role)
-    allowed = set(required) | {f"rt.{s}" for s in publishable(role)} | set(intermediate_names(role))
+    required, allowed = protocol
     missing = [n for n in required if n not in result]
     extra = sorted(n for n in result if n not in allowed)
     if missing or extra:

@@ -6,8 +6,10 @@ reproduces them (`v41_conformance.reference.topk`, docs/topk-tie-order.md). An i
 other tied elements is told so: its differing rows are classified `tie` (every differing id ties
 with the k-th score) or `miss`.
 
-The indices are compared position by position (`order="sequence"`): this component pins torch's
-exact order, including the algorithmic order of `sorted=False` on the nth_element branch.
+The indices are compared position by position (`order="sequence"`) where `sorted` is true. With
+`sorted=False` the order of the k picks is unspecified (torch's is the algorithm's, on the
+nth_element branch): the picks are judged as the set of (index, value) pairs returned, in any order
+(`_in_your_order`), unless the implementation promises torch's order (`strict_topk_order: true`).
 """
 
 from __future__ import annotations
@@ -58,13 +60,52 @@ def _topk_reference(inputs, params):
     return {"values": values, "indices": indices}
 
 
+def _in_your_order(expected, actual, params, policy_of):
+    """An unsorted top-k's reference (index, value) pairs in the implementation's order: each pair
+    where the implementation returned its index, the pairs it did not return in the slots left (in
+    the reference's order). A permutation of the reference's pairs is then exact; a wrong value
+    differs at its index, a wrong index is a miss (or tie order, judged on the sets); the values of
+    tied picks are equal wherever they sit. None where the order is specified (sorted, or
+    strict_topk_order) or the indices are not comparable (their own verdict says why)."""
+    if params.get("sorted", True) or policy_of("indices").strict_order:
+        return None
+    ids, want = actual.get("indices"), expected["indices"]
+    if not (isinstance(ids, torch.Tensor) and ids.dtype == want.dtype and ids.shape == want.shape
+            and ids.device.type == "cpu") or want.numel() == 0 or torch.equal(ids, want):
+        return None
+    k = want.shape[-1]
+    order = torch.arange(k).expand(want.shape).clone()
+    for row, (mine, theirs) in enumerate(zip(ids.reshape(-1, k).tolist(), want.reshape(-1, k).tolist())):
+        if mine != theirs:
+            order.view(-1, k)[row] = torch.tensor(_alignment(mine, theirs))
+    return ({"indices": want.gather(-1, order), "values": expected["values"].gather(-1, order)},
+            "sorted: false leaves the order unspecified: judged as the set of (index, value) pairs, the reference's "
+            "put in your order (strict_topk_order: true judges torch's order)")
+
+
+def _alignment(mine: list[int], theirs: list[int]) -> list[int]:
+    """For each slot of `mine`, the slot of `theirs` holding the same index (each used once), the
+    rest in order."""
+    where = {index: slot for slot, index in reversed(list(enumerate(theirs)))}
+    used = [False] * len(theirs)
+    picks = []
+    for index in mine:
+        slot = where.get(index)
+        picks.append(slot if slot is not None and not used[slot] else None)
+        if slot is not None:
+            used[slot] = True
+    rest = iter(slot for slot, taken in enumerate(used) if not taken)
+    return [slot if slot is not None else next(rest) for slot in picks]
+
+
 register(Component(
     name="topk.torch_cpu",
     summary="torch CPU top-k values and indices in torch's order (k*64 <= n: partial_sort; else nth_element)",
     upstream="M:578-580, M:607; aten TopKImpl.h",
     inputs=(T("values", "f32|bf16|f16", "rows n"),),
-    outputs=(OutputSpec("values", "exact", "the selected values, in torch's order", "as values", "rows k"),
-             OutputSpec("indices", "index", "ids in torch's order (sorted: by value; unsorted: the algorithm's)",
+    outputs=(OutputSpec("values", "exact", "the selected values, in the order of indices", "as values", "rows k"),
+             OutputSpec("indices", "index", "ids in torch's order (sorted: by value); unsorted: any order, judged "
+                        "as (index, value) pairs",
                         "int64", "rows k", scores="in.values", order="sequence")),
     params=(P("k", "int", "how many to select"),
             P("largest", "bool", "the k largest (else the smallest)", required=False, default=True),
@@ -72,5 +113,6 @@ register(Component(
     dims={"rows": "independent rows", "n": "candidates per row", "k": "params.k"},
     build=_topk_inputs,
     reference=_topk_reference,
+    unordered=_in_your_order,
     floor=6,
 ))

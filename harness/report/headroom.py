@@ -58,7 +58,7 @@ def worst_per_output(cases: list[dict]) -> dict[str, Worst]:
     for case in cases:
         for name, metrics in (case.get("outputs") or {}).items():
             group = output_group(name)
-            if not metrics.get("ok"):
+            if metrics.get("ok") is False:  # a declined output (ok None) neither passed nor failed
                 failed.add(group)
             for bound, value in bounds_used(metrics).items():
                 if group not in worst or value > worst[group].value:

@@ -96,7 +96,7 @@ def render_html(doc: dict) -> str:
                 for out_name, m in case["outputs"].items():
                     metrics = ", ".join(f"{k}={_num(v)}" for k, v in m.items()
                                         if k not in ("ok", "policy", "note") and isinstance(v, (int, float, str)))
-                    out.append(f"<tr><td>{escape(out_name)}</td><td>{'yes' if m.get('ok') else 'no'}</td>"
+                    out.append(f"<tr><td>{escape(out_name)}</td><td>{_verdict(m.get('ok'))}</td>"
                                f"<td>{escape(str(m.get('policy', '')))}</td><td>{escape(metrics)}</td></tr>")
                     if m.get("note"):
                         out.append(f"<tr><td></td><td colspan='3'><pre>{escape(clean(m['note'], PRE_CHARS))}</pre></td></tr>")
@@ -125,13 +125,18 @@ def _count(value: int) -> str:
     return f"<td>{value}</td>" if value else "<td class='zero'>·</td>"
 
 
+def _verdict(ok: bool | None) -> str:
+    """An output's verdict in the case table: a declined output (ok None) neither passed nor failed."""
+    return "declined" if ok is None else ("yes" if ok else "no")
+
+
 def _case_pictures(case: dict) -> list[str]:
     """The step strip of a failing stepped case and the error histograms of its failing outputs."""
     if case["status"] not in ("fail", "xfail"):
         return []
     outputs = case.get("outputs") or {}
     pictures = [step_strip(case["id"], outputs)]
-    failing = [(n, m["ulps_histogram"]) for n, m in outputs.items() if not m.get("ok") and m.get("ulps_histogram")]
+    failing = [(n, m["ulps_histogram"]) for n, m in outputs.items() if m.get("ok") is False and m.get("ulps_histogram")]
     pictures += [f"<div><p>{escape(n)}</p>{ulps_histogram(case['id'], n, h)}</div>" for n, h in failing[:HISTOGRAMS]]
     shown = [p for p in pictures if p]
     if not shown:

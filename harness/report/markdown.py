@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..differences import DIFFERENCES
 from .header import override_lines, verdict
 from .table import BAD, COLUMNS
-from .text import clean, failing_lines
+from .text import clean, failing_lines, kinds_first, kinds_line
 
 MAX_FAILURES = 20
 LIMIT = 64 * 1024  # bytes; GitHub refuses step summaries over 1 MiB (all steps' together)
@@ -41,9 +41,9 @@ def render_summary(doc: dict) -> str:
         from .changes import render_diff_markdown
 
         lines += ["", render_diff_markdown(doc["baseline"], shown=MAX_FAILURES).rstrip()]
-    bad = [c for c in doc["cases"] if c["status"] in BAD]
+    bad, kinds = kinds_first([c for c in doc["cases"] if c["status"] in BAD])
     if bad:
-        lines += ["", f"### {len(bad)} case(s) did not pass", ""]
+        lines += ["", f"### {len(bad)} case(s) did not pass: {kinds_line(kinds)}", ""]
         for case in bad[:MAX_FAILURES]:
             first = failing_lines(case, most=3)
             lines.append(f"- **{case['status']}** `{case['id']}`: {_cell('; '.join(first), 600)}")

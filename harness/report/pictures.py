@@ -97,7 +97,7 @@ def step_cells(outputs: dict[str, dict]) -> dict[tuple[int, int | None], bool]:
         if where is None or (layered and where[1] is None):
             continue
         key = (where[0], where[1])
-        cells[key] = cells.get(key, True) and bool(metrics.get("ok"))
+        cells[key] = cells.get(key, True) and metrics.get("ok") is not False  # a declined output fails no cell
     return cells
 
 

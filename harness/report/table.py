@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..differences import DIFFERENCES
 from .header import override_lines, verdict
-from .text import clean, failing_lines
+from .text import EVIDENCE, clean, failing_lines, kinds_first, kinds_line
 
 COLUMNS = ("pass", "partial", "fail", "error", "crash", "timeout", "unsupported", "xfail", "xpass", "not_run")
 SHORT = {"unsupported": "unsup", "not_run": "not run"}
@@ -26,14 +26,18 @@ def render_table(doc: dict, failures: int = 5) -> str:
         lines += [f"  {clean(line)}" for line in changed]
     lines += [fmt(head), fmt(["-" * w for w in widths])]
     lines += [fmt(r) for r in rows]
-    bad = [c for c in doc["cases"] if c["status"] in BAD]
+    bad, kinds = kinds_first([c for c in doc["cases"] if c["status"] in BAD])
     if bad:
+        shown = bad[:max(failures, len(kinds))]  # at least one of each kind
         lines.append("")
-        lines.append(f"{len(bad)} case(s) did not pass" + (f"; first {failures}:" if len(bad) > failures else ":"))
-        for case in bad[:failures]:
+        lines.append(f"{len(bad)} case(s) did not pass: {kinds_line(kinds)}"
+                     + ("; one of each kind first:" if len(bad) > len(shown) else ":"))
+        for case in shown:
             lines.append(f"  {case['status'].upper()} {case['id']}")
-            lines += [f"      {line}" for line in failing_lines(case)]
+            lines += [f"      {line}" for line in failing_lines(case, evidence=EVIDENCE)]
             lines.append(f"      re-run: {case.get('repro', '')}")
+        if len(bad) > len(shown):
+            lines.append(f"  ... and {len(bad) - len(shown)} more (results.json and report.html hold them all)")
     for d in DIFFERENCES:
         shown = [c for c in doc["cases"] if c.get(d.count)]
         if shown:

@@ -232,3 +232,12 @@ __all__ = [
     "DecodeAddressWithB", "Float64Indexer", "LowestIndexTies", "OtherLeakPolicy", "PartialBlockMask", "PrefixOffByOne", "UnpinnedCandidates",
     "WholeBufferSelect", "lowest_index_topk",
 ]
+
+
+class LowestIndexBlockTies(ReferenceAdapter):
+    """Breaks ties between candidate blocks by the lowest block id (the indexer's own top-k is
+    torch's): differs from the reference only in which of two equally scored blocks it keeps."""
+
+    def run(self, component, inputs, params):
+        with patched(cd, "torch_cpu_topk", lowest_index_topk):
+            return super().run(component, inputs, params)

@@ -48,3 +48,39 @@ class DropsLarger(ReferenceAdapter):
             out["values"] = values.gather(-1, chosen)
             del k
         return out
+
+
+class PermutedPairs(ReferenceAdapter):
+    """An unsorted top-k (sorted=False) that returns torch's picks in another order (each row
+    reversed), indices and values permuted together: a correct answer, the order is unspecified."""
+
+    def run(self, component, inputs, params):
+        out = super().run(component, inputs, params)
+        if component == "topk.torch_cpu" and not params.get("sorted", True):
+            out = {name: value.flip(-1).contiguous() for name, value in out.items()}
+        return out
+
+
+class PermutedWrongValue(PermutedPairs):
+    """PermutedPairs with one value off by a step: the pair (index, value) is not the input's."""
+
+    def run(self, component, inputs, params):
+        out = super().run(component, inputs, params)
+        if component == "topk.torch_cpu" and not params.get("sorted", True):
+            values = out["values"].clone()
+            values[0, 0] = values[0, 0] + 1 if torch.isfinite(values[0, 0]) else 0.0
+            out["values"] = values
+        return out
+
+
+class PermutedWrongIndex(PermutedPairs):
+    """PermutedPairs with one index of the first row replaced by another of that row's picks (its
+    value kept): a miss, whatever the values."""
+
+    def run(self, component, inputs, params):
+        out = super().run(component, inputs, params)
+        if component == "topk.torch_cpu" and not params.get("sorted", True):
+            indices = out["indices"].clone()
+            indices[0, 0] = indices[0, 1]
+            out["indices"] = indices
+        return out
