@@ -179,9 +179,9 @@ def diagnose(component: str, verdicts: dict[str, bool], params: dict, rejudge: R
         judged = run(v)
         if judged is None or not judged.changed:  # changes nothing on this case: no evidence either way
             continue
-        explains = frozenset(n for n in failing if judged.ok.get(n) and _evident(v, n, judged))
+        explains = frozenset(n for n in failing if _passes(judged, n) and _evident(v, n, judged))
         result.weak += [(v.name, n, round(judged.evidence.get(n, 0.0), 3)) for n in failing
-                        if judged.ok.get(n) and n not in explains]
+                        if _passes(judged, n) and n not in explains]
         breaks = frozenset(n for n in passing if not judged.ok.get(n, True))
         singles.append(_Single(v, judged, explains, breaks))
     causes = [s for s in singles if s.explains and not s.breaks]
@@ -202,6 +202,12 @@ def diagnose(component: str, verdicts: dict[str, bool], params: dict, rejudge: R
             left -= s.explains
     result.unexplained = sorted(left) if result.matches else []
     return result
+
+
+def _passes(judged: Rejudged, name: str) -> bool:
+    """Whether `name` passes under the variant. An output a whole judgement did not record passes: it is
+    judged only where what it is derived from fails (a candidate mask's kept blocks, say)."""
+    return judged.ok.get(name, judged.complete)
 
 
 def _evident(v: Variant, name: str, judged: Rejudged) -> bool:
@@ -252,7 +258,7 @@ def _pair(singles: list[_Single], causes: list[_Single], failing: list[str], pas
         judged = run(a.variant, b.variant, stop_on=passing | want)
         if judged is None:
             continue
-        if all(judged.ok.get(n) for n in failing) and all(judged.ok.get(n, True) for n in passing) and \
+        if all(_passes(judged, n) for n in failing) and all(judged.ok.get(n, True) for n in passing) and \
                 _evident_pair(a, b, failing, judged):
             return Match((a.variant.name, b.variant.name), (a.variant.summary, b.variant.summary),
                          (tuple(sorted(a.explains)), tuple(sorted(b.explains))), tuple(failing), len(failing))
