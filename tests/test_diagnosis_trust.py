@@ -107,7 +107,7 @@ def test_two_bugs_in_one_stage_are_named_together():
 
 
 def test_two_bugs_in_two_stages_of_attention():
-    (r,) = failing(ports.NormAndSink(), "attention/a-p21-d1x11-upstream")
+    (r,) = failing(ports.RefNormAndSink(), "attention/a-p5-d7-d9-d1x2-gen-upstream")
     assert full(r) == [("rmsnorm-bf16-before-weight", "sink-left-out")], r.diagnosis
     explains = dict(zip(r.diagnosis["matches"][0]["variants"], r.diagnosis["matches"][0]["explains"]))
     assert "s00.l0.qr" in explains["rmsnorm-bf16-before-weight"] and "s00.l0.o" in explains["sink-left-out"]

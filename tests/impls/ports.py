@@ -12,9 +12,12 @@ import upstream_ops as up
 from gate_upstream import UpstreamTorch
 from patching import patched
 from v41_conformance.adapters.reference import ReferenceAdapter
+from v41_conformance.reference import attention as ref_attention
 from v41_conformance.reference import compressor as ref_compressor
 from v41_conformance.reference import candidates as ref_candidates
 from v41_conformance.reference import indexer as ref_indexer
+from v41_conformance.reference import kv_finish as ref_kv_finish
+from v41_conformance.reference import sparse_attn as ref_sparse
 
 NINF = float("-inf")
 ORIGINAL = {name: getattr(up, name) for name in ("sparse_attn", "rms_norm", "apply_rotary_emb", "e2m1_code",
@@ -187,14 +190,6 @@ class ScoresRaw(Patched):
     patches = {"index_scores": scores_no_relu_no_weights}
 
 
-class NormAndSink(Patched):
-    """Two bugs in two stages of attention: RMSNorm rounding before the weight, and no sink."""
-
-    patches = {"rms_norm": norm_bf16_before_weight,
-               "sparse_attn": lambda q, kv, sink, ids, scale: ORIGINAL["sparse_attn"](
-                   q, kv, torch.full_like(sink, NINF), ids, scale)}
-
-
 class OneNonFinite(UpstreamTorch):
     """A correct port whose output holds one NaN (sparse_attn's o) or one +inf (norm.rms's y)."""
 
@@ -252,4 +247,21 @@ class PolicyAndTies(ReferenceAdapter):
             params = {**params, "index_k_policy": {"upstream": "fixed", "fixed": "upstream"}[params["index_k_policy"]]}
         with patched(ref_indexer, "torch_cpu_topk", lowest_index_topk), \
                 patched(ref_candidates, "torch_cpu_topk", lowest_index_topk):
+            return super().run(component, inputs, params)
+
+
+def sink_left_out(q, kv, attn_sink, topk_idxs, softmax_scale):
+    """Sparse attention whose softmax denominator leaves the sink out (a port that treats it as absent)."""
+    return ref_sparse.sparse_attn(q, kv, torch.full_like(attn_sink, NINF), topk_idxs, softmax_scale)
+
+
+class RefNormAndSink(ReferenceAdapter):
+    """Two bugs in two stages of attention, over any schedule: RMSNorm rounding before the weight (torch's
+    native fp32 kernels) and no sink in the softmax denominator."""
+
+    def run(self, component, inputs, params):
+        with patched(ref_attention, "rms_norm", norm_bf16_before_weight), \
+                patched(ref_compressor, "rms_norm", norm_bf16_before_weight), \
+                patched(ref_kv_finish, "rms_norm", norm_bf16_before_weight), \
+                patched(ref_attention, "sparse_attn", sink_left_out):
             return super().run(component, inputs, params)
