@@ -24,7 +24,7 @@ values, as a rounding flip across a power of two moves by the larger one):
   (2^-8 Σ_h |w_h relu(s_h)|): the excess in bf16 unit roundoffs of the head terms.
 
     python benchmarks/gpu_arith_report.py [--tier small|production] [--impl NAME ...] [--select PATTERN]
-                                          [--diagnosis-budget S]
+                                          [--threads N] [--diagnosis-budget S]
 """
 
 from __future__ import annotations
@@ -314,9 +314,13 @@ def main() -> int:
     parser.add_argument("--tier", default="small", choices=("small", "production"))
     parser.add_argument("--impl", action="append", help="gate or mutant names (default: all)")
     parser.add_argument("--select", action="append", help="case id patterns (default: every case)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default torch's; 1 is faster on a busy machine: the models run small ops)")
     parser.add_argument("--diagnosis-budget", type=float, default=None,
                         help="seconds per failing case for the harness's diagnosis (default 5 small, 0 production)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     config = load_config(ROOT / "conformance.yaml").for_tier(args.tier)
     budget = args.diagnosis_budget if args.diagnosis_budget is not None else (5.0 if args.tier == "small" else 0.0)
     config = dataclasses.replace(config, diagnosis_budget=budget)

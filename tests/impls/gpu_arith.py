@@ -32,7 +32,10 @@ LOG2E_F32 = torch.tensor(math.log2(math.e), dtype=F32)  # log2(e) as a kernel ho
 M_INIT = up.ATTN_MAX_INIT
 TC_BITS = 14  # significant bits an H800 fp8 tensor core keeps while it accumulates (DeepSeek-V3 report, §3.3.2)
 FP32_TINY = 2.0 ** -126  # smallest normal fp32: .ftz instructions flush anything below to zero
-_BLOCK_ELEMS = 1 << 19  # float64 elements of one row chunk of a GEMM model (memory and cache only)
+# Elements of one tile of a GEMM model's running sums: torch runs an elementwise op of at most 32768
+# elements on one thread, in cache; larger ones are split across threads, whose synchronisation per
+# op dominates these long loops of small ops (30x slower on a busy machine). Speed only.
+_TILE_ELEMS = 1 << 15
 
 
 # --- bits ---------------------------------------------------------------------------------------
@@ -108,17 +111,19 @@ def block_sum_sequential(a: torch.Tensor, w: torch.Tensor, bits: int = TC_BITS) 
     s = torch.zeros(a.shape[0], w.shape[1], dtype=F64)
     bits_view = s.view(torch.int64)
     keep = -(1 << (52 - (bits - 1)))
+    columns = a.T.contiguous().unsqueeze(-1)  # [C, R, 1]
+    rows = w.contiguous().unsqueeze(1)  # [C, 1, N]
     for c in range(a.shape[1]):
-        s.addr_(a[:, c], w[c])
+        s.addcmul_(columns[c], rows[c])
         bits_view.bitwise_and_(keep)
     return s
 
 
 def block_sum_aligned(a: torch.Tensor, w: torch.Tensor, bits: int = TC_BITS) -> torch.Tensor:
-    """One K block as a tensor core adds it: every exact product aligned to the exponent of the
-    block's largest product and truncated to `bits` bits below it (the bits shifted past the
-    adder's width are lost), then the aligned products summed exactly. a [R, C], w [C, N] float64,
-    -> float64 [R, N].
+    """One K block as a tensor core adds it: every exact product aligned to the exponent e of the
+    block's largest product and truncated toward zero at the bit 2^(e - bits + 1), so the largest
+    keeps `bits` significant bits and what is shifted past the adder's width is lost; then the
+    aligned products summed exactly. a [R, C], w [C, N] float64, -> float64 [R, N].
 
     Hardware fact: tensor cores add a group of products with one multi-operand adder after aligning
     their significands to the largest exponent, truncating what falls off the end (Fasi, Higham,
@@ -133,10 +138,14 @@ def block_sum_aligned(a: torch.Tensor, w: torch.Tensor, bits: int = TC_BITS) -> 
     return torch.trunc(products / step[:, None, :]).sum(1) * step  # integers < 2^19: the sum is exact
 
 
-def _row_chunks(m: int, n: int, per_row: int = 1):
-    rows = max(1, _BLOCK_ELEMS // max(1, n * per_row))
+def _tiles(m: int, n: int, per_element: int = 1):
+    """(rows, cols) slices of an [m, n] output whose tiles hold at most _TILE_ELEMS / per_element elements."""
+    budget = max(1, _TILE_ELEMS // per_element)
+    cols = min(n, budget) if n else 1
+    rows = max(1, budget // max(1, cols))
     for r0 in range(0, m, rows):
-        yield slice(r0, min(m, r0 + rows))
+        for c0 in range(0, max(n, 1), cols):
+            yield slice(r0, min(m, r0 + rows)), slice(c0, min(n, c0 + cols))
 
 
 def fp8_promoted(block_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
@@ -152,14 +161,14 @@ def fp8_promoted(block_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     def accumulate(ops: Fp8Operands) -> torch.Tensor:
         m, n = ops.qa.shape[0], ops.qw.shape[1]
         out = torch.empty(m, n, dtype=F32)
-        per_row = up.FP8_BLOCK if block_sum is block_sum_aligned else 1
-        for rows in _row_chunks(m, n, per_row):
-            acc = torch.zeros(rows.stop - rows.start, n, dtype=F32)
+        per_element = up.FP8_BLOCK if block_sum is block_sum_aligned else 1  # it holds a block's products
+        for rows, cols in _tiles(m, n, per_element):
+            acc = torch.zeros(rows.stop - rows.start, cols.stop - cols.start, dtype=F32)
             for kb in range(ops.blocks):
                 ks = slice(kb * up.FP8_BLOCK, (kb + 1) * up.FP8_BLOCK)
-                block = block_sum(ops.qa[rows, ks], ops.qw[ks]).float()  # exact: at most 14 significant bits
-                acc.add_(block.mul_(ops.sa[rows, kb : kb + 1].float()).mul_(ops.sw[kb].float()))
-            out[rows] = acc
+                block = block_sum(ops.qa[rows, ks], ops.qw[ks, cols]).float()  # exact: at most 14 significant bits
+                acc.add_(block.mul_(ops.sa[rows, kb : kb + 1].float()).mul_(ops.sw[kb, cols].float()))
+            out[rows, cols] = acc
         return out
 
     accumulate.__name__ = f"promoted_{block_sum.__name__}"
@@ -175,8 +184,8 @@ def fp8_unpromoted(ops: Fp8Operands, bits: int = TC_BITS) -> torch.Tensor:
     a = ops.qa * ops.sa.repeat_interleave(up.FP8_BLOCK, 1)  # exact: powers of two
     w = ops.qw * ops.sw.repeat_interleave(up.FP8_BLOCK, 0)
     out = torch.empty(m, n, dtype=F32)
-    for rows in _row_chunks(m, n):
-        out[rows] = block_sum_sequential(a[rows], w, bits).float()
+    for rows, cols in _tiles(m, n):
+        out[rows, cols] = block_sum_sequential(a[rows], w[:, cols], bits).float()
     return out
 
 
