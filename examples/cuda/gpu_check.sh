@@ -15,7 +15,11 @@
 #      run --device cuda with upstream's own torch arithmetic returning its intermediates: every
 #      output is judged along the chain (docs/verdicts.md) given the GPU's own values;
 #   8. the pytest plugin (harness/pytest_cases.py) from an empty folder, as a team's own suite runs
-#      it: pytest --conformance-impl <the Triton example> --conformance-device cuda.
+#      it: pytest --conformance-impl <the Triton example> --conformance-device cuda;
+#   9. fp8 GEMMs on the GPU's own tensor cores (examples/cuda/scaled_mm_impl.py: torch._scaled_mm per
+#      32-wide K block, fp32 promotion across blocks) judged by the accumulator model (docs/verdicts.md,
+#      "GPU arithmetic"): linear.fp8 on the small tier, then the production tier's attention case (its
+#      fp8 qr, kv, index_q and out) and its indexer cases (the indexer's fp8 wq_b).
 # Each step runs under a time limit and logs to $OUT/<step>.log; a short summary comes last.
 #
 # Usage (from anywhere):  examples/cuda/gpu_check.sh
@@ -97,12 +101,18 @@ step plugin bash -c "cd '$PLUGIN_DIR' && '$PY_ABS' -m pytest -q -p no:cacheprovi
     --conformance-select 'quant.e2m1,quant.fp4_e8m0,indexer.scores' --conformance-report-dir '$PWD/$OUT/plugin'" \
     || failed=1
 
+step tensorcores bash -c "'$PY' -m v41_conformance run --device cuda --impl examples/cuda/scaled_mm_impl.py:ScaledMmFp8 \
+    --select 'linear.fp8' --report-dir '$OUT/tensorcores' && \
+    '$PY' -m v41_conformance generate --tier production --select 'indexer/*' && \
+    '$PY' -m v41_conformance run --device cuda --tier production --impl examples/cuda/scaled_mm_impl.py:ScaledMmFp8 \
+    --select 'attention/*,indexer/*' --timeout $LIMIT --report-dir '$OUT/tensorcores-production'" || failed=1
+
 echo
 echo "gpu_check summary"
 for i in "${!NAMES[@]}"; do
     printf '  %-10s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"
 done
-for name in cuda triton fp8 forked sticky production plugin; do
+for name in cuda triton fp8 forked sticky production plugin tensorcores tensorcores-production; do
     if [ -f "$OUT/$name/results.json" ]; then
         "$PY" - "$OUT/$name/results.json" "$name" <<'EOF'
 import json, sys

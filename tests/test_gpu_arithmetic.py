@@ -1,0 +1,131 @@
+"""Verdicts that hold on GPU arithmetic (docs/verdicts.md, "GPU arithmetic"): the kernels DeepSeek's own
+production path runs pass every case, and the bugs next to each allowance still fail, at their stage.
+
+- every gate of tests/impls/gpu_gates.py (the GPU models of tests/impls/gpu_arith.py hosted on the
+  reference: every schedule) passes every small-tier case its models reach, and all of them at once
+  (`AllGpu`) every case; the production tier's are in tests/test_production_chain.py;
+- the fp8 GEMM's narrow accumulators fail (no promotion across K, block sums in bf16), index logits
+  without an fp4 round trip or summed over heads in bf16 fail, each at its stage;
+- an implementation that declares an fp32 accumulator is judged by it; more precision than the
+  reference (dots left unrounded, fp32 logits) passes; the GPU check's tensor-core fp8 Linear is right.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import gpu_arith
+import gpu_gates
+from conftest import ROOT
+from v41_conformance.config import load_config
+from v41_conformance.golden import read_manifest
+from v41_conformance.ids import matches, parse_select
+from v41_conformance.runner import run_case
+
+CONFIG = replace(load_config(ROOT / "conformance.yaml"), diagnosis_budget=0)
+MANIFEST = read_manifest(CONFIG.goldens)
+ATTENTION = "attention/*"
+# The components each gate's models reach (AllGpu: every case).
+REACH = {
+    "Fp8Tc14": "linear.fp8/*,attention/a-fp8-*,indexer/*",
+    "Fp8Tc14Aligned": "linear.fp8/*,attention/a-fp8-*",
+    "SplitKBf16": "indexer.weights/*,kv.finish/*,compressor/r*-a-*,attention/*",
+    "Fp32IndexLogits": "indexer.scores/*,indexer/*,attention/*",
+    "FlashMlaSparse": "sparse_attn/*,attention/*",
+    "SplitKvDecode": "sparse_attn/*,attention/*",
+    "FastMath": "norm.rms/*,sparse_attn/*,compressor/r2-tiny-*,kv.finish/*,attention/*",
+    "WarpTree": "norm.rms/*,sparse_attn/*,kv.finish/*,attention/*",
+    "AllGpu": "*",
+}
+
+
+def ids(pattern: str) -> list[str]:
+    return [c for c in sorted(MANIFEST) if matches(c, parse_select(pattern))]
+
+
+def judge(impl, case_id: str, conf: dict | None = None):
+    return run_case(case_id, CONFIG, impl, type(impl).__name__, MANIFEST, conf)
+
+
+def test_every_gate_has_its_reach():
+    assert set(REACH) == set(gpu_gates.GATES)
+
+
+@pytest.mark.parametrize("gate", sorted(gpu_gates.GATES))
+def test_a_gpu_gate_passes_every_case_its_models_reach(gate):
+    impl = gpu_gates.GATES[gate]()
+    cases = ids(REACH[gate])
+    results = [judge(impl, c) for c in cases]
+    bad = [(r.id, r.status, r.message[:600]) for r in results if r.status != "pass"]
+    assert not bad, bad
+    assert len(cases) >= (len(MANIFEST) if gate == "AllGpu" else 5)
+
+
+# (mutant, cases, the stage or output that must fail first in each)
+MUTANTS = [
+    (gpu_gates.MUTANTS["Fp8Tc14NoPromotion"], "linear.fp8/*-production-*", "y"),
+    (gpu_gates.MUTANTS["Fp8BlockSumsBf16"], "linear.fp8/*-production-*", "y"),
+    (gpu_gates.MUTANTS["Fp8BlockSumsBf16"], "attention/a-fp8-*", "qr"),
+    (gpu_gates.MUTANTS["IndexLogitsHeadSumBf16"], "indexer.scores/production-heads-*", "scores"),
+    (gpu_gates.MUTANTS["IndexLogitsHeadSumBf16"], "attention/a-p21-d1x11-upstream", "index_scores"),
+    (gpu_arith.MUTANTS["IndexLogitsNoFp4Q"].cls, "indexer/r1-*", "scores"),
+    (gpu_arith.MUTANTS["IndexLogitsNoFp4Q"].cls, "attention/a-p21-d1x11-upstream", "index_scores"),
+    (gpu_arith.MUTANTS["IndexLogitsNoFp4K"].cls, "attention/a-p21-d1x11-upstream", "index_k_rows"),
+]
+
+
+@pytest.mark.parametrize("mutant, pattern, stage", MUTANTS, ids=[f"{m.__name__}-{s}" for m, _, s in MUTANTS])
+def test_a_bug_next_to_an_allowance_fails_at_its_stage(mutant, pattern, stage):
+    results = [judge(mutant(), c) for c in ids(pattern)]
+    assert results
+    for r in results:
+        assert r.status == "fail", (r.id, r.status)
+        first = r.first_divergent_stage or next(n for n, m in r.outputs.items() if not m["ok"])
+        assert first.rsplit(".", 1)[-1] == stage, (r.id, first)
+
+
+def test_an_fp32_accumulator_is_judged_as_one():
+    """accumulator_bits: 24 (a team whose fp8 GEMM accumulates in fp32) shrinks the allowance to 2^-23 of
+    the terms: the 14-bit tensor-core model then fails where the default accepts it, and exact
+    accumulation still passes."""
+    tight = {"accumulator_bits": 24}
+    cases = ids("linear.fp8/*-production-*") + ids("attention/a-fp8-p21-d1x11-upstream")
+    fourteen = [judge(gpu_gates.GATES["Fp8Tc14"](), c, tight) for c in cases]
+    assert sum(r.status == "fail" for r in fourteen) >= 3, [(r.id, r.status) for r in fourteen]
+    failing = next(r for r in fourteen if r.status == "fail")
+    assert "2^-23 x the magnitude of the fp8 GEMM terms" in failing.message
+    assert all(judge(gpu_gates.GATES["Fp8Tc14"](), c).status == "pass" for c in cases)
+    from gate_upstream import UpstreamTorch
+
+    assert all(judge(UpstreamTorch(), c, tight).status == "pass" for c in cases)
+
+
+def test_more_precision_than_the_reference_passes_and_less_fails():
+    """Index scores with fewer roundings than upstream's (dots unrounded; fp32 throughout) pass every
+    indexer.scores case, judged against the exact scores; one rounding more per head (a bf16 running
+    sum on top of upstream's) fails where it moves the scores farther from them than upstream's own."""
+    import wrong_indexer
+
+    for impl in (wrong_indexer.ScoresUnroundedDots(), gpu_gates.GATES["Fp32IndexLogits"]()):
+        assert {judge(impl, c).status for c in ids("indexer.scores/*")} == {"pass"}, type(impl).__name__
+    worse = judge(wrong_indexer.Bf16HeadSum(), "indexer.scores/production-heads-b1-s2-h32-d128-t64")
+    assert worse.status == "fail" and "the reference's own" in worse.message
+
+
+def test_the_gpu_checks_tensor_core_fp8_linear_is_right():
+    """examples/cuda/scaled_mm_impl.py (gpu_check.sh, step tensorcores) computes linear.fp8 with
+    torch._scaled_mm per K block; on the CPU its sums are exact, and it passes every case."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("scaled_mm_impl", ROOT / "examples" / "cuda" / "scaled_mm_impl.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    class OnCpu(module.ScaledMmFp8):
+        def run(self, component, inputs, params):
+            y, q = module.tensor_core_fp8_linear(inputs["x"], inputs["weight"], inputs["weight_scale"])
+            return {"y": y, "x_codes": q.codes, "x_scale_bytes": q.scale_bytes}
+
+    assert {judge(OnCpu(), c).status for c in ids("linear.fp8/*")} == {"pass"}
