@@ -4,12 +4,13 @@
 tolerance that only holds on those shapes would make fuzz report a correct kernel as failing. This
 script samples cases from every component's space (as fuzz does, deterministic per seed), builds
 each golden in memory, runs the gate implementations of the test suite on it (upstream's own
-torch arithmetic and float64 with upstream's rounding points) and prints, per component and gate:
+torch arithmetic, float64 with upstream's rounding points, and the GPU-arithmetic gates of
+tests/impls/gpu_gates.py: --gpu, or --gates to choose) and prints, per component and gate:
 cases judged, failures, the accepted differences they needed (boundary flips, tie and near-tie
 rows) and the worst `bound_used` per output (the worst element's |diff| over its bound: 1.0 is
 the edge). Failures are listed with the command that re-creates them.
 
-    python benchmarks/fuzz_gates.py [--cases 40] [--seed 0] [--select 'indexer.*']
+    python benchmarks/fuzz_gates.py [--cases 40] [--seed 0] [--select 'indexer.*'] [--gpu] [--gates AllGpu,Fp8Tc14]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "impls")]
 
+import gpu_gates  # noqa: E402
 from gate_float64 import Float64  # noqa: E402
 from gate_upstream import UpstreamTorch  # noqa: E402
 
@@ -33,8 +35,10 @@ from v41_conformance.generate import build_golden  # noqa: E402
 from v41_conformance.registry import get  # noqa: E402
 from v41_conformance.runner import CaseResult, judge_golden  # noqa: E402
 
-GATES = {"upstream": f"{ROOT}/tests/impls/gate_upstream.py:UpstreamTorch", "float64": f"{ROOT}/tests/impls/gate_float64.py:Float64"}
-MAKERS = {"upstream": UpstreamTorch, "float64": Float64}
+GATES = {"upstream": f"{ROOT}/tests/impls/gate_upstream.py:UpstreamTorch", "float64": f"{ROOT}/tests/impls/gate_float64.py:Float64",
+         **{name: f"{ROOT}/tests/impls/gpu_gates.py:{name}" for name in gpu_gates.GATES}}
+MAKERS = {"upstream": UpstreamTorch, "float64": Float64, **gpu_gates.GATES}
+CPU_GATES = ("upstream", "float64")
 
 
 def main() -> None:
@@ -42,9 +46,15 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=40, help="cases per component (default 40)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--select", action="append", default=[], help="component patterns (default: all)")
+    parser.add_argument("--gpu", action="store_true", help="the GPU-arithmetic gates too (tests/impls/gpu_gates.py)")
+    parser.add_argument("--gates", default="", help="comma-separated gate names (default: upstream, float64)")
     args = parser.parse_args()
     config = load_config(ROOT / "conformance.yaml")
-    gates = {name: make() for name, make in MAKERS.items()}
+    chosen = [g for g in args.gates.split(",") if g] or [*CPU_GATES, *(gpu_gates.GATES if args.gpu else ())]
+    unknown = sorted(set(chosen) - set(MAKERS))
+    if unknown:
+        parser.error(f"unknown gate(s) {unknown}; known: {', '.join(MAKERS)}")
+    gates = {name: MAKERS[name]() for name in chosen}
     tally: dict[tuple[str, str], Counter] = defaultdict(Counter)
     worst: dict[tuple[str, str, str], float] = defaultdict(float)
     share: dict[tuple[str, str, str], float] = defaultdict(float)
@@ -79,7 +89,7 @@ def main() -> None:
                                     f"--index {index} --select {name}")
     elapsed = time.perf_counter() - started
     print(f"{args.cases} fresh case(s) per component, seed {args.seed}, {elapsed:.0f} s")
-    print(f"{'component':20s} {'gate':9s} {'pass':>5s} {'fail':>5s} {'other':>5s} "
+    print(f"{'component':20s} {'gate':15s} {'pass':>5s} {'fail':>5s} {'other':>5s} "
           + " ".join(f"{d.column:>6s}" for d in DIFFERENCES) + "  worst bound_used (share of elements differing) per output")
     for (name, gate_name), t in sorted(tally.items()):
         if gate_name == "-":
@@ -87,7 +97,7 @@ def main() -> None:
         other = sum(v for k, v in t.items() if k not in ("pass", "fail") and k in ("error", "crash", "timeout", "unsupported"))
         used = ", ".join(f"{o} {u:.2f} ({share[(c, g, o)]:.1%})" for (c, g, o), u in sorted(worst.items())
                          if c == name and g == gate_name)
-        print(f"{name:20s} {gate_name:9s} {t['pass']:5d} {t['fail']:5d} {other:5d} "
+        print(f"{name:20s} {gate_name:15s} {t['pass']:5d} {t['fail']:5d} {other:5d} "
               + " ".join(f"{t[d.column]:6d}" for d in DIFFERENCES) + f"  {used}")
     for failure in failures:
         print(f"\nFAILED {failure}")

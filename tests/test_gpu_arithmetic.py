@@ -63,11 +63,12 @@ def test_a_gpu_gate_passes_every_case_its_models_reach(gate):
     assert len(cases) >= (len(MANIFEST) if gate == "AllGpu" else 5)
 
 
-# (mutant, cases, the stage or output that must fail first in each)
+# (mutant, cases, the stage or output that must fail first in each: an fp8 GEMM bug fails at the first
+# output of an fp8 GEMM in chain order, qr or kv, whichever its error shows in first)
 MUTANTS = [
     (gpu_gates.MUTANTS["Fp8Tc14NoPromotion"], "linear.fp8/*-production-*", "y"),
     (gpu_gates.MUTANTS["Fp8BlockSumsBf16"], "linear.fp8/*-production-*", "y"),
-    (gpu_gates.MUTANTS["Fp8BlockSumsBf16"], "attention/a-fp8-*", "qr"),
+    (gpu_gates.MUTANTS["Fp8BlockSumsBf16"], "attention/a-fp8-*", "qr|kv"),
     (gpu_gates.MUTANTS["IndexLogitsHeadSumBf16"], "indexer.scores/production-heads-*", "scores"),
     (gpu_gates.MUTANTS["IndexLogitsHeadSumBf16"], "attention/a-p21-d1x11-upstream", "index_scores"),
     (gpu_arith.MUTANTS["IndexLogitsNoFp4Q"].cls, "indexer/r1-*", "scores"),
@@ -83,7 +84,7 @@ def test_a_bug_next_to_an_allowance_fails_at_its_stage(mutant, pattern, stage):
     for r in results:
         assert r.status == "fail", (r.id, r.status)
         first = r.first_divergent_stage or next(n for n, m in r.outputs.items() if not m["ok"])
-        assert first.rsplit(".", 1)[-1] == stage, (r.id, first)
+        assert first.rsplit(".", 1)[-1] in stage.split("|"), (r.id, first)
 
 
 def test_an_fp32_accumulator_is_judged_as_one():

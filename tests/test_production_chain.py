@@ -22,7 +22,7 @@ from v41_conformance.config import load_config
 from v41_conformance.golden import load_verified, read_manifest
 from v41_conformance.registry import get
 from v41_conformance.runner import CaseResult, _execute, _judge
-from impls import attention_cores, gemm_orders, wrong_kernels
+from impls import attention_cores, gemm_orders, gpu_arith, wrong_kernels
 from impls.gate_float64 import Float64
 from impls.gate_upstream import UpstreamTorch
 from impls.wrong_attention import PlainSoftmax
@@ -78,3 +78,36 @@ def test_each_bug_fails_at_its_stage_on_the_production_case(production, mutant):
     stage = wrong_kernels.FP8_STAGES.get(mutant, wrong_kernels.MUTANTS[mutant])  # the case holds the fp8 checkpoint
     assert given.first_divergent_stage.rsplit(".", 1)[-1] == stage, given.first_divergent_stage
     assert bare.status == "fail", (mutant.__name__, "absorbed without intermediates")
+
+
+# --- GPU arithmetic (docs/verdicts.md, "GPU arithmetic") ----------------------------------------------
+# The gates of tests/impls/gpu_arith.py on upstream's torch ops (the production cases run upstream's
+# schedules), and the bugs beside each allowance with the stage that holds each.
+GPU_MUTANTS = {"Fp8Tc14NoPromotion": "qr|kv", "Fp8BlockSumsBf16": "qr|kv", "IndexLogitsNoFp4Q": "index_scores",
+               "IndexLogitsNoFp4K": "index_k_rows", "IndexLogitsHeadSumBf16": "index_scores"}
+INDEXER = ["indexer/r1-chunk-start600-s16-production", "indexer/r1-consumer-start600-s8-production",
+           "indexer/r2-decode-start1026-production"]
+
+
+@pytest.mark.parametrize("gate", sorted(gpu_arith.GATES))
+def test_gpu_arithmetic_passes_the_production_case(production, gate):
+    given, _ = run_once(production, gpu_arith.GATES[gate]())
+    assert given.status == "pass", given.message
+
+
+@pytest.mark.parametrize("gate", ["Fp8Tc14", "Fp32IndexLogits", "AllGpu"])
+def test_gpu_arithmetic_passes_the_production_indexer_cases(gate):
+    from v41_conformance.runner import run_case
+
+    config = load_config(ROOT / "conformance.yaml").for_tier("production")
+    manifest = read_manifest(config.goldens)
+    for case_id in INDEXER:
+        result = run_case(case_id, config, gpu_arith.GATES[gate](), gate, manifest)
+        assert result.status == "pass", (case_id, result.message[:2000])
+
+
+@pytest.mark.parametrize("mutant", sorted(GPU_MUTANTS))
+def test_a_gpu_arithmetic_bug_fails_at_its_stage_on_the_production_case(production, mutant):
+    given, _ = run_once(production, gpu_arith.MUTANTS[mutant].cls())
+    assert given.status == "fail", mutant
+    assert given.first_divergent_stage.rsplit(".", 1)[-1] in GPU_MUTANTS[mutant].split("|"), given.first_divergent_stage
