@@ -176,7 +176,8 @@ class Policy:
             pairs = " (ulps of the RoPE pair's norm in the rotated channels)" if self.pre_tail else ""
             if self.precision:
                 return (f"{self.kind}: |a-e| <= {self.ulps:g} ulp{pairs}{floor}, or no farther from the exact value than "
-                        f"the reference's own roundings; L2 distance from it <= {PRECISION_MARGIN:g}x the reference's{share}")
+                        f"the reference's own roundings; rel L2 <= {self.rel_l2:g}, or an L2 distance from the exact "
+                        f"value <= {PRECISION_MARGIN:g}x the reference's{share}")
             return f"{self.kind}: |a-e| <= {self.ulps:g} ulp{pairs}{floor}, rel L2 <= {self.rel_l2:g}{share}"
         if self.kind == "index":
             accepted = [label for flag, label in ((self.accept_ties, "tie order"),
