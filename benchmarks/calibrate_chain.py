@@ -30,7 +30,7 @@ from v41_conformance.boundary import FORMATS  # noqa: E402
 from v41_conformance.config import load_config  # noqa: E402
 from v41_conformance.golden import load_verified, read_manifest  # noqa: E402
 from v41_conformance.ids import matches, parse_select  # noqa: E402
-from v41_conformance.registry import get  # noqa: E402
+from v41_conformance.known import get  # noqa: E402
 from v41_conformance.runner import CaseResult, _execute, _judge  # noqa: E402
 from v41_conformance.ulps import rope_magnitude, ulp_of  # noqa: E402
 

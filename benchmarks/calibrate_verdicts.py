@@ -28,7 +28,7 @@ from wrong_attention import PlainSoftmax  # noqa: E402
 from v41_conformance.cases import load_cases, seed_for  # noqa: E402
 from v41_conformance.config import load_config  # noqa: E402
 from v41_conformance.generate import build_golden  # noqa: E402
-from v41_conformance.registry import get  # noqa: E402
+from v41_conformance.known import get  # noqa: E402
 from v41_conformance.runner import CaseResult, judge_golden  # noqa: E402
 
 GATES = {"upstream": UpstreamTorch, "float64": Float64, "plain-softmax": PlainSoftmax}

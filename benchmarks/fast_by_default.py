@@ -55,7 +55,7 @@ def select_args(pattern: str) -> list[str]:
 def restart_after_crash(repeats: int = 5) -> tuple[float, float, float]:
     """(case in a warm child, the same case right after a crash, the difference) in seconds."""
     from v41_conformance.config import load_config
-    from v41_conformance.execution import CaseExecutor
+    from v41_conformance.pool import executor_for
     from v41_conformance.rundir import RunDir
 
     config = load_config(ROOT / "conformance.yaml")
@@ -65,7 +65,7 @@ def restart_after_crash(repeats: int = 5) -> tuple[float, float, float]:
                "isolate": True, "workers": 1, "prefetch": False,
                "impl": {"name": "segfaults", "kind": "python", "target": f"{ROOT}/tests/impls/wrong.py:Segfaults",
                         "root": str(ROOT), "conf": {}}}
-        executor = CaseExecutor.from_run(run)
+        executor = executor_for(run)
         ok, crash = "norm.rms/latent-6x128", "norm.rms/latent-4x512"
         executor.run(ok)  # the first child, the fork server
         warm, after = [], []

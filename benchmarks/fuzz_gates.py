@@ -32,7 +32,7 @@ from v41_conformance.config import load_config  # noqa: E402
 from v41_conformance.differences import DIFFERENCES  # noqa: E402
 from v41_conformance.fuzz_sample import draw, selected_spaces  # noqa: E402
 from v41_conformance.generate import build_golden  # noqa: E402
-from v41_conformance.registry import get  # noqa: E402
+from v41_conformance.known import get  # noqa: E402
 from v41_conformance.runner import CaseResult, judge_golden  # noqa: E402
 
 GATES = {"upstream": f"{ROOT}/tests/impls/gate_upstream.py:UpstreamTorch", "float64": f"{ROOT}/tests/impls/gate_float64.py:Float64",

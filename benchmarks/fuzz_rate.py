@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 from v41_conformance.config import load_config  # noqa: E402
 from v41_conformance.fuzz import FuzzOptions, fuzz  # noqa: E402
-from v41_conformance.registry import components  # noqa: E402
+from v41_conformance.known import components  # noqa: E402
 
 
 def main() -> None:

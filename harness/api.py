@@ -66,7 +66,7 @@ class Case:
     def golden(self):
         from . import regenerated
         from .golden import load_verified
-        from .registry import components
+        from .known import components
 
         golden = load_verified(self._config.goldens, self.id, self._manifest, self._config.generate_command)
         regenerated.restore(golden, components()[self.component])
@@ -96,7 +96,7 @@ def cases(select: str | list[str] = "*", tier: str = "small", config: str | Path
     """The cases whose ids match `select` (shell patterns, comma separated or a list), sorted by id."""
     from .golden import load_verified
     from .ids import parse_select
-    from .registry import components
+    from .known import components
     from .session import select_case_ids
 
     harness_config, manifest = _store(str(config) if config else None, tier)

@@ -106,7 +106,7 @@ def concrete_specs(spec: CaseSpec, component) -> list[CaseSpec]:
 
 def load_cases(cases_dir: Path, select: list[str] | None = None) -> list[CaseSpec]:
     """Every case of every file, expanded by its component, in a stable order."""
-    from .registry import components
+    from .known import components
 
     registry = components()
     specs: list[CaseSpec] = []

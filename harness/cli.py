@@ -334,7 +334,7 @@ def list_cases(select, only_components, as_json, as_markdown, only_spaces, tier,
         return
     from .cases import load_cases
     from .catalogue import catalogue, render_markdown, render_text
-    from .registry import components
+    from .known import components
 
     try:
         config = _config(config_path, tier, goldens_dir, cases_dir)
@@ -510,7 +510,7 @@ def merge(out, parts, config_path):
 def _floors(config_path: str | None) -> dict[str, int]:
     """Each component's case floor from conformance.yaml when there is one (the parts record the
     floors they ran with, and those win); the registry's own floors otherwise."""
-    from .registry import components
+    from .known import components
 
     registry = components()
     try:

@@ -186,7 +186,7 @@ class Config:
         import torch
 
         from .expectations import load_expectations
-        from .registry import components
+        from .known import components
 
         registry = components()
         known = set(registry)

@@ -1,9 +1,9 @@
-"""Executes cases for one run inside one process (a pytest worker or the CLI itself).
+"""Executes cases for one run inside this process (an isolation child, or a run without isolation).
 
 `CaseExecutor` holds what every case of a run shares: the configuration, the manifest and the
-implementation. With `isolate` on (the default for `conformance run`), the implementation lives
-in child processes (see `v41_conformance.isolation`; `workers` of them at once, `v41_conformance.pool`): a crash
-or a hang becomes the `crash` or `timeout` status of that case and a fresh child takes the next one.
+implementation, and judges one case at a time here. A run with isolation (the default for
+`conformance run`) keeps the implementation in child processes instead (`v41_conformance.pool.executor_for`),
+each of which judges its cases with a `CaseExecutor` of its own.
 """
 
 from __future__ import annotations
@@ -78,13 +78,8 @@ class CaseExecutor:
     manifest: dict
     device: str = "cpu"
     timeout: float = 120.0
-    isolate: bool = False
     run_dir: str | None = None  # the run's private folder (v41_conformance.rundir): output capture, children
-    workers: int = 1  # isolation children run in parallel by this process (v41_conformance.pool)
-    order: tuple[str, ...] = ()  # a pool run: every case, in the order they should start
-    run_doc: dict = dataclasses.field(default_factory=dict)  # the run document it was built from (its children's)
     _impl: Any = None
-    _pool: Any = None
     _manifest_error: str = ""
     _store_error: str = ""  # this process judges another store than the controller (every case an error)
 
@@ -106,11 +101,9 @@ class CaseExecutor:
         except GoldenError as exc:
             manifest, problem = {}, str(exc)
         executor = cls(config, spec, manifest, run.get("device", "cpu"), float(run.get("timeout", config.timeout)),
-                       bool(run.get("isolate", False)), run.get("run_dir"), int(run.get("workers", 1)),
-                       tuple(run.get("cases", ())) if run.get("prefetch") else ())
+                       run.get("run_dir"))
         executor._manifest_error = problem
         executor._store_error = store_problem(config, run)
-        executor.run_doc = run
         return executor
 
     def run(self, case_id: str, on_executed=None) -> CaseResult:
@@ -125,8 +118,6 @@ class CaseExecutor:
             from .ids import split_case_id
 
             return CaseResult(case_id, split_case_id(case_id)[0], "error", f"golden: {self._manifest_error}")
-        if self.isolate:
-            return self._isolated(case_id)
         return capture.run_captured(capture.output_file(self.run_dir, case_id), lambda: run_case(
             case_id, self.config, self.impl(), self.spec.name, self.manifest, self.spec.conf, on_executed))
 
@@ -146,23 +137,8 @@ class CaseExecutor:
             self._impl = impl
         return self._impl
 
-    def _isolated(self, case_id: str) -> CaseResult:
-        if self._pool is None:
-            from .forkserver import warm_up
-            from .pool import CasePool
-
-            warm_up()  # from this (main) thread, never from a pool thread that ends before the run
-            # With `order` (a pool run) every case is queued at once and each item waits for its
-            # own result; without it (a pytest-xdist worker, which owns only some cases) a case is
-            # queued when its item asks for it.
-            self._pool = CasePool(self.run_doc, self.workers, list(self.order))
-        return self._pool.result(case_id)
-
     def close(self) -> None:
-        """Stop the isolation children (the end of a run, or a stop)."""
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        """Nothing to stop: the implementation lives in this process."""
 
 
 __all__ = ["CaseExecutor", "HarnessError"]

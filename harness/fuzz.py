@@ -31,7 +31,7 @@ from .config import Config
 from .errors import HarnessError, UsageError
 from .fuzz_sample import Sampled, draw, fuzz_name, sample, selected_spaces
 from .golden import encode, golden_path, manifest_entry, read_manifest, write_atomic, write_manifest
-from .registry import components
+from .known import components
 from .report.headroom import output_group
 from .space import Space, shrink_candidates
 
@@ -236,13 +236,13 @@ def _failures(results: list[dict], sampled: dict[str, Sampled], options: FuzzOpt
 
 def _shrink_all(failures: list[dict], chosen: dict[str, Space], config: Config, store: Store, options: FuzzOptions,
                 run_dir) -> list[dict]:
-    from .execution import CaseExecutor
+    from .pool import executor_for
 
     if not failures:
         return []
     out = []
     run = _executor_run(config, store, options, run_dir)
-    executor = CaseExecutor.from_run(run)
+    executor = executor_for(run)
     try:
         deadline = time.time() + options.shrink_s
         for failure in failures:

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 from .cases import CaseSpec, concrete_specs
 from .ids import matches
-from .registry import components
-from .space import Space, spaces
+from .known import components
+from .space import Space
+from .spaces import spaces
 
 MAX_COST_S = 1.0  # estimated reference seconds above which a draw is redrawn
 REDRAWS = 20

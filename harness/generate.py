@@ -28,7 +28,8 @@ from .golden import (
     read_manifest, sha256, write_atomic, write_manifest,
 )
 from . import cache, regenerated
-from .registry import Component, get
+from .registry import Component
+from .known import get
 from .runner import golden_context
 from .stepnames import step_name, step_of
 

@@ -71,7 +71,7 @@ def _child_main(conn, run_config: dict) -> None:
 
     executor = CaseExecutor.from_run(run_config)
     try:
-        from .registry import components
+        from .known import components
 
         components()  # import every component definition now, not inside the first case's timeout
         executor.impl()

@@ -7,6 +7,10 @@ keeps N isolation children busy (each forked from the preloaded fork server,
 the run's order (the heaviest cases first, `v41_conformance.workers`). pytest still runs one item per
 case in that order; an item waits for its case's result. Crashes, hangs and sticky CUDA errors
 are handled per child exactly as in a serial run (`v41_conformance.isolation.IsolatedWorker`).
+
+`executor_for(run)` is how a run judges its cases: through such children when the run isolates its
+implementation (one child for a pytest-xdist worker's share, N for `-n N`), else in this process
+(`v41_conformance.execution.CaseExecutor`).
 """
 
 from __future__ import annotations
@@ -83,3 +87,37 @@ class CasePool:
             self._queue.clear()
         for worker in self.workers:
             worker.stop()
+
+
+class IsolatedRun:
+    """A run's cases judged by isolation children: `run(case_id)` and `close()`, as a `CaseExecutor`."""
+
+    def __init__(self, run: dict):
+        self.run_doc = run
+        self._pool: CasePool | None = None
+
+    def run(self, case_id: str) -> CaseResult:
+        if self._pool is None:
+            from .forkserver import warm_up
+
+            warm_up()  # from this (main) thread, never from a pool thread that ends before the run
+            # A pool run (`prefetch`) queues every case at once and each item waits for its own result;
+            # a pytest-xdist worker, which owns only some cases, queues a case when its item asks for it.
+            order = list(self.run_doc.get("cases", ())) if self.run_doc.get("prefetch") else []
+            self._pool = CasePool(self.run_doc, int(self.run_doc.get("workers", 1)), order)
+        return self._pool.result(case_id)
+
+    def close(self) -> None:
+        """Stop the isolation children (the end of a run, or a stop)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
+def executor_for(run: dict):
+    """What judges the run's cases in this process: isolation children, or the executor itself."""
+    if run.get("isolate"):
+        return IsolatedRun(run)
+    from .execution import CaseExecutor
+
+    return CaseExecutor.from_run(run)

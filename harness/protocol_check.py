@@ -96,7 +96,7 @@ def compare(sent: dict[str, torch.Tensor], got: dict[str, Any]) -> list[Finding]
 
 
 def check_components(answer: list[str]) -> list[Finding]:
-    from .registry import components
+    from .known import components
 
     known = set(components())
     return [Finding("", f"`components` lists {line!r}, which names no component of this harness (known: "

@@ -19,10 +19,7 @@ import sys
 
 import pytest
 
-FROM_OPTION = object()  # the default `conformance_impl`: build the implementation from --conformance-impl
-NODE_PREFIX = "conformance::"  # a case's node id is NODE_PREFIX + its case id
-OVERRIDE_CHECK = "conformance-impl-override"  # registered when a conftest.py overrides conformance_impl
-RUN = "conformance-run"  # the plugin object of a run (v41_conformance.pytest_run.ConformanceRun)
+from .pytest_names import FROM_OPTION, NODE_PREFIX, OVERRIDE_CHECK, RUN  # noqa: F401  (FROM_OPTION: a conftest's)
 
 
 def pytest_addoption(parser):

@@ -48,10 +48,10 @@ def _context(run: dict):
     """Per-process state: config, implementation, manifest (built once per worker)."""
     key = run["token"]
     if _CONTEXT.get("token") != key:
-        from .execution import CaseExecutor
+        from .pool import executor_for
 
         _CONTEXT.clear()
-        executor = CaseExecutor.from_run(run)  # a failure here repeats for every case, never a KeyError
+        executor = executor_for(run)  # a failure here repeats for every case, never a KeyError
         _CONTEXT.update(token=key, executor=executor)
     return _CONTEXT["executor"]
 

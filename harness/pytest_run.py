@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from .pytest_cases import FROM_OPTION, NODE_PREFIX, OVERRIDE_CHECK, RUN
+from .pytest_names import FROM_OPTION, NODE_PREFIX, OVERRIDE_CHECK, RUN
 from .pytest_plugin import MESSAGE_CHARS, RESULT_KEY, ResultCollector
 
 PLAN_KEY = "v41_conformance_plan"  # the controller's plan, in every xdist worker's workerinput

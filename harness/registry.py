@@ -344,15 +344,6 @@ def register(component: Component) -> Component:
     return component
 
 
-def components() -> dict[str, Component]:
-    """All registered components, importing their definitions on first use."""
-    from . import components as _definitions  # noqa: F401  (registers on import)
-
+def registered() -> dict[str, Component]:
+    """The components registered so far (harness/known.py imports every definition first)."""
     return REGISTRY
-
-
-def get(name: str) -> Component:
-    registry = components()
-    if name not in registry:
-        raise KeyError(f"unknown component {name!r}; known: {', '.join(sorted(registry))}")
-    return registry[name]

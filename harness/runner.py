@@ -31,7 +31,8 @@ from .differences import DIFFERENCES
 from .errors import GoldenError, HarnessError
 from .golden import Golden, load_verified
 from .ids import split_case_id
-from .registry import Component, Rederived, components
+from .registry import Component, Rederived
+from .known import components
 from .rundir import DEFAULT_REPORT_DIR, rerun_dir
 from .stepnames import step_of
 

@@ -22,7 +22,7 @@ from .adapters.subprocess_adapter import write_request
 from .config import Config
 from .golden import Golden, load_verified, read_manifest
 from .ids import check_case_id
-from .registry import get
+from .known import get
 
 
 def load_case(config: Config, case_id: str) -> Golden:

@@ -11,7 +11,7 @@ one less), shorter lists (shapes, schedules by their steps), simpler choices (`S
 key -> the simplest value, such as `kind: normal`). A candidate that the builder or the reference
 refuses is skipped, so a shrink step never needs to know a component's constraints.
 
-Spaces are registered by `harness/spaces/*.py` (`register_space`); `spaces()` imports them.
+Spaces are registered by `harness/spaces/*.py` (`register_space`); `v41_conformance.spaces.spaces()` returns them.
 A draw must be deterministic given the `random.Random` it is handed (no other randomness): the
 same seed samples the same cases on every machine.
 """
@@ -50,13 +50,6 @@ def register_space(space: Space) -> Space:
         raise ValueError(f"space for {space.component} registered twice")
     SPACES[space.component] = space
     return space
-
-
-def spaces() -> dict[str, Space]:
-    """Every registered space (importing their definitions on first use)."""
-    from . import spaces as _definitions  # noqa: F401  (registers on import)
-
-    return SPACES
 
 
 # --- helpers for draws ---------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from v41_conformance.adapters.subprocess_adapter import param_tensors
 from v41_conformance.catalogue import catalogue, render_markdown
 from v41_conformance.config import load_config
 from v41_conformance.golden import load_verified, read_manifest
-from v41_conformance.registry import components
+from v41_conformance.known import components
 
 CONFIG = load_config(ROOT / "conformance.yaml")
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32", torch.float64: "f64",

@@ -244,7 +244,7 @@ def test_failure_messages_give_each_allowance_in_its_unit_and_say_what_is_not_fi
 
 
 def test_an_exact_failure_names_the_position_it_differs_at_where_the_output_labels_it():
-    from v41_conformance.registry import components, get
+    from v41_conformance.known import components, get
 
     components()
     spec = get("attention").output_spec("s00.published")

@@ -14,7 +14,7 @@ from v41_conformance.compare import compare_output
 from v41_conformance.config import load_config
 from v41_conformance.golden import load_verified, read_manifest
 from v41_conformance.reference.topology import validate_topology
-from v41_conformance.registry import get
+from v41_conformance.known import get
 from v41_conformance.runner import run_case
 from impls.wrong_attention import OtherIndexKPolicy
 

@@ -14,7 +14,7 @@ from v41_conformance.errors import CaseSpecError
 from v41_conformance.golden import load_verified, read_manifest
 from v41_conformance.ids import CASE_RE
 from v41_conformance.reference import compressor as cp
-from v41_conformance.registry import get
+from v41_conformance.known import get
 from v41_conformance.runner import StepError
 from v41_conformance.schedules import compositions, from_lengths
 

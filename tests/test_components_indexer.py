@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from conftest import ROOT, make_project, results, run_cli
 from v41_conformance.index_verdict import classify_index_rows
 from v41_conformance.reference.topk import uses_partial_sort
-from v41_conformance.registry import get
+from v41_conformance.known import get
 
 WRONG = f"{ROOT}/tests/impls/wrong_indexer.py"
 OURS = ["indexer.weights", "indexer.scores", "indexer.select", "indexer", "candidates.select",

@@ -69,7 +69,7 @@ def test_the_reference_passes_fresh_cases_of_every_component(tmp_path):
     proc = run_cli("fuzz", "--impl", "reference", "--cases", "45", "--seed", "3", "-n", "2", "--report-dir", str(report))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     doc = results(report)
-    from v41_conformance.registry import components
+    from v41_conformance.known import components
 
     assert set(doc["fuzz"]["components"]) == set(components())
     assert all(c["tried"] >= 1 and c["failed"] == 0 and c["invalid"] == 0 for c in doc["fuzz"]["components"].values())
@@ -117,9 +117,9 @@ def _gate_verdicts(cases):
     from v41_conformance.config import load_config
     from v41_conformance.fuzz_sample import draw
     from v41_conformance.generate import build_golden
-    from v41_conformance.registry import get
+    from v41_conformance.known import get
     from v41_conformance.runner import CaseResult, judge_golden
-    from v41_conformance.space import spaces
+    from v41_conformance.spaces import spaces
 
     config = load_config(ROOT / "conformance.yaml")
     verdicts = []
@@ -136,7 +136,7 @@ def _gate_verdicts(cases):
 def test_correct_implementations_that_round_differently_pass_fresh_cases():
     """The gates (upstream's torch arithmetic, float64) pass fresh cases of every component, and
     the fresh cases they once failed: fuzz must not report a correct kernel as failing."""
-    from v41_conformance.registry import components
+    from v41_conformance.known import components
 
     cases = [(name, 31, index) for name in sorted(components()) for index in range(8)] + ROUNDING_REGRESSIONS
     bad = [v for v in _gate_verdicts(cases) if v[2] not in ("pass", "unsupported")]

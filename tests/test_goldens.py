@@ -123,7 +123,7 @@ def test_regenerated_inputs_are_rebuilt_from_the_seed_and_checked():
     from v41_conformance.errors import GoldenError
     from v41_conformance.golden import load_verified, read_manifest
     from v41_conformance.regenerated import restore
-    from v41_conformance.registry import get
+    from v41_conformance.known import get
 
     config = load_config(ROOT / "conformance.yaml")
     manifest = read_manifest(config.goldens)

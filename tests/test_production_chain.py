@@ -20,7 +20,7 @@ from conftest import ROOT
 from v41_conformance import regenerated
 from v41_conformance.config import load_config
 from v41_conformance.golden import load_verified, read_manifest
-from v41_conformance.registry import get
+from v41_conformance.known import get
 from v41_conformance.runner import CaseResult, _execute, _judge
 from impls import attention_cores, gemm_orders, gpu_arith, wrong_kernels
 from impls.gate_float64 import Float64

@@ -9,9 +9,10 @@ from v41_conformance.adapters.reference import ReferenceAdapter
 from v41_conformance.config import load_config
 from v41_conformance.fuzz_sample import draw
 from v41_conformance.generate import build_golden
-from v41_conformance.registry import components
+from v41_conformance.known import components
 from v41_conformance.runner import CaseResult, judge_golden
-from v41_conformance.space import shrink_candidates, spaces
+from v41_conformance.space import shrink_candidates
+from v41_conformance.spaces import spaces
 
 DRAWS = 12
 

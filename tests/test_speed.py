@@ -19,7 +19,7 @@ from conftest import ROOT, results, run_cli, statuses
 from v41_conformance import cache, forkserver, regenerated, workers
 from v41_conformance.config import load_config
 from v41_conformance.golden import load_verified, read_manifest
-from v41_conformance.registry import get
+from v41_conformance.known import get
 from v41_conformance.session import RunOptions, case_costs
 from v41_conformance.session import run as run_session
 from v41_conformance.yamlio import LOADER

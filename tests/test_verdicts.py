@@ -23,7 +23,7 @@ from v41_conformance.golden import read_manifest
 from v41_conformance.index_verdict import classify_index_rows
 from v41_conformance.policy import Policy
 from v41_conformance.reference import numerics as nx
-from v41_conformance.registry import get
+from v41_conformance.known import get
 from v41_conformance.runner import run_case
 from impls import rope_tables
 from impls.patching import patched

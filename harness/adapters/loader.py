@@ -11,7 +11,6 @@ Accepted forms, tried in this order:
 
 from __future__ import annotations
 
-import fnmatch
 import importlib
 import importlib.util
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from .supports import matches_any, supports_patterns
 
 ENTRY_POINT_GROUP = "conformance.impls"
 
@@ -160,22 +160,6 @@ def _check_protocol(obj, target: str):
             "supports(component) -> bool and run(component, inputs, params) -> dict of tensors"
         )
     return obj
-
-
-def supports_patterns(conf: dict[str, Any], name: str) -> list[str] | None:
-    """`supports:` of an implementation's conformance.yaml entry: shell patterns over component
-    names (`quant.*`, `indexer.select`), or None when the entry has none."""
-    patterns = conf.get("supports")
-    if patterns is None:
-        return None
-    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
-        raise UsageError(f"conformance.yaml: impls.{name}.supports must be a list of component name patterns, "
-                         f"such as [quant.*, indexer.select]; got {patterns!r}")
-    return patterns
-
-
-def matches_any(component: str, patterns: list[str]) -> bool:
-    return any(fnmatch.fnmatchcase(component, p) for p in patterns)
 
 
 class Restricted:

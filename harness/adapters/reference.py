@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..registry import components
+from ..known import components
 
 
 class ReferenceAdapter:

@@ -124,7 +124,7 @@ class SubprocessAdapter:
 
     @classmethod
     def from_conf(cls, name: str, conf: dict[str, Any], root: Path) -> SubprocessAdapter:
-        from .loader import supports_patterns
+        from .supports import supports_patterns
 
         adapter = cls(name, _command(conf, name, root), bool(conf.get("batch", False)),
                       supports_patterns(conf, name), root)
@@ -134,7 +134,7 @@ class SubprocessAdapter:
 
     def supports(self, component: str) -> bool:
         """What `COMMAND components` lists, narrowed by the `supports:` patterns of conformance.yaml."""
-        from .loader import matches_any
+        from .supports import matches_any
 
         if self._patterns is not None and not matches_any(component, self._patterns):
             return False

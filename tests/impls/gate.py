@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from v41_conformance import Unsupported
 from v41_conformance.adapters.reference import ReferenceAdapter
-from v41_conformance.registry import components
+from v41_conformance.known import components
 
 # Index bookkeeping, byte counts, ring capacity, row metadata, topology rules: integer answers, so
 # the reference's answer is every correct implementation's answer.
