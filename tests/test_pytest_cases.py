@@ -176,7 +176,8 @@ def test_the_plugin_imports_nothing_heavy_unasked_and_local_xdist_workers_share_
     (tmp_path / "conftest.py").write_text(PROBE.format(folder=str(tmp_path)))
     plain = pytest_run(cwd=tmp_path)
     assert plain.returncode == 0, plain.stdout[-2000:]
-    assert (tmp_path / "controller.modules").read_text().split() == ["v41_conformance", "v41_conformance.pytest_cases"]
+    assert (tmp_path / "controller.modules").read_text().split() == ["v41_conformance", "v41_conformance.pytest_cases",
+                                                                     "v41_conformance.pytest_names"]
     spread = pytest_run("--conformance-impl", "reference", "--conformance-select", "quant.e2m1,norm.rms", "-n", "2",
                         cwd=tmp_path)
     assert spread.returncode == 0 and "passed" in spread.stdout, spread.stdout[-2000:]
