@@ -74,3 +74,29 @@ def through_rope(terms: torch.Tensor, rope_dim: int) -> torch.Tensor:
     tail = terms[..., -rope_dim:].unflatten(-1, (-1, 2))
     out[..., -rope_dim:] = tail.sum(-1, keepdim=True).expand_as(tail).flatten(-2)
     return out
+
+
+# The share of differing elements an fp8 GEMM's accumulation can flip is an expectation; twice it keeps a
+# correct kernel clear of its own spread.
+FLIP_MARGIN = 2.0
+
+
+def accumulation_allowance(name: str, expected: torch.Tensor, bits: float,
+                           context: dict[str, torch.Tensor]) -> torch.Tensor | float:
+    """u x A where the comparator's context holds A (`<name>.acc`), else 0 (float64, expected's shape)."""
+    terms = context.get(name + ACC)
+    if terms is None or not bool((terms > 0).any()):
+        return 0.0
+    return unit(bits) * terms.double().reshape(expected.shape)
+
+
+def expected_flips(allowance, ulp: torch.Tensor, finite: torch.Tensor | None) -> tuple[float, float]:
+    """How many roundings an error of up to `allowance` may flip, and the squared error they carry: per
+    element, the chance that it carries the value across a rounding midpoint, min(1, 2 allowance / ulp),
+    each flip one ulp."""
+    if isinstance(allowance, float):
+        return 0.0, 0.0
+    chance = (2 * allowance / ulp).clamp(max=1.0)
+    if finite is not None:
+        chance = torch.where(finite, chance, 0.0)
+    return float(chance.sum()), float((chance * ulp.double().square()).sum())

@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 
+from .accumulation import FLIP_MARGIN, accumulation_allowance, expected_flips
 from .policy import PRECISION_MARGIN, ZERO_CODES, Policy
+from .precision import as_precise, precision_against_exact
 from .ulps import MANTISSA_BITS, rope_magnitude, ulp_of
 
 TABLE_ROWS = 8
@@ -273,11 +275,11 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     else:
         scale = float(torch.where(finite, e.abs(), torch.zeros_like(e)).max()) if e.numel() else 0.0
     argument_allowance = _argument_allowance(expected, policy, context)
-    accumulation = _accumulation_allowance(name, expected, policy, context)
+    accumulation = accumulation_allowance(name, expected, policy.accumulator_bits, context)
     own = policy.ulps * ulp + policy.atol + policy.atol_rel * scale + argument_allowance + accumulation
     bound = own + _term_allowance(expected, policy, context)
     over = diff > bound if finite is None else finite & (diff > bound)
-    precise = _as_precise(name, e, a, ulp, context)  # per element: its distance from the exact value over the
+    precise = as_precise(name, e, a, ulp, context)  # per element: its distance from the exact value over the
     if precise is not None:                            # reference's own (NaN where not known)
         over &= ~(precise <= 1)
     over_count = int(over.sum())
@@ -294,7 +296,7 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
         beyond = torch.where(finite, beyond, torch.zeros_like(beyond))
     err_norm = float(beyond.norm())
     rel_l2 = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
-    precision = _precision(name, e, a, finite, context)
+    precision = precision_against_exact(name, e, a, finite, context)
     max_ulps = float(ulps.max()) if ulps.numel() else 0.0
     counted = expected.numel() if finite is None else int(finite.sum())
     differing = int((diff > 0).sum()) + mask_failures
@@ -322,7 +324,7 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
         "ulps_headroom": (max_ulps / policy.ulps) if policy.ulps and not mask_failures else None,
         "rel_l2_headroom": (rel_l2 / policy.rel_l2) if policy.rel_l2 and not mask_failures else None,
     }
-    flips, flip_energy = _expected_flips(accumulation, ulp, finite)
+    flips, flip_energy = expected_flips(accumulation, ulp, finite)
     allowed_rel_l2 = policy.rel_l2
     if not isinstance(accumulation, float):
         metrics["accumulation_used"] = float((accumulation / torch.as_tensor(bound).clamp_min(1e-300)).max())
@@ -424,76 +426,6 @@ def differing_allowed(differing: int, numel: int, policy: Policy, flips: float =
     if policy.max_diff_fraction >= 1.0:
         return True
     return differing <= policy.max_diff_fraction * max(numel, FRACTION_BASE) + FLIP_MARGIN * flips
-
-
-# The share of differing elements an fp8 GEMM's accumulation can flip is an expectation; twice it keeps a
-# correct kernel clear of its own spread.
-FLIP_MARGIN = 2.0
-# An output judged for its precision may lie up to this factor farther from the exact value than the
-# reference does: equally many roundings in another order land on either side of it.
-PRECISION_MARGIN = 1.125
-
-
-def _accumulation_allowance(name: str, expected: torch.Tensor, policy: Policy,
-                            context: dict[str, torch.Tensor]) -> torch.Tensor | float:
-    """u x A where the context holds A (`<name>.acc`: the fp8 GEMM terms' magnitude behind each
-    element, harness/accumulation.py), else 0."""
-    from .accumulation import ACC, unit
-
-    terms = context.get(name + ACC)
-    if terms is None or not bool((terms > 0).any()):
-        return 0.0
-    return unit(policy.accumulator_bits) * terms.double().reshape(expected.shape)
-
-
-def _expected_flips(accumulation, ulp: torch.Tensor, finite: torch.Tensor | None) -> tuple[float, float]:
-    """How many roundings the accumulation may flip, and the squared error they carry: per element, the
-    chance that an error of u x A carries the value across a rounding midpoint, min(1, 2 u A / ulp),
-    each flip one ulp."""
-    if isinstance(accumulation, float):
-        return 0.0, 0.0
-    chance = (2 * accumulation / ulp).clamp(max=1.0)
-    if finite is not None:
-        chance = torch.where(finite, chance, 0.0)
-    return float(chance.sum()), float((chance * ulp.double().square()).sum())
-
-
-def _as_precise(name: str, e: torch.Tensor, a: torch.Tensor, ulp: torch.Tensor,
-                context: dict[str, torch.Tensor]) -> torch.Tensor | None:
-    """Per element, its distance from the exact value (`<name>.exact`) over how far the reference's own
-    roundings may take it (`<name>.exact_error`) plus the implementation's own final rounding: at most 1,
-    an implementation that rounds less than the reference passes wherever it lands (NaN where the exact
-    value is not known; None: no exact value given)."""
-    exact, error = context.get(name + EXACT), context.get(name + EXACT_ERROR)
-    if exact is None or error is None:
-        return None
-    x, err = exact.double().reshape(e.shape), error.double().reshape(e.shape)
-    known = torch.isfinite(x) & torch.isfinite(err) & torch.isfinite(a)
-    share = (a - x).abs() / (err + ulp / 2 + x.abs() * 2.0 ** -20)
-    return torch.where(known, share, torch.full_like(share, float("nan")))
-
-
-def _precision(name: str, e: torch.Tensor, a: torch.Tensor, finite: torch.Tensor | None,
-               context: dict[str, torch.Tensor]) -> dict | None:
-    """For an output the context gives the exact (unrounded) value of (`<name>.exact`, NaN where it is
-    not known): the L2 distances of the implementation's and the reference's values from it, over the
-    elements finite everywhere. "More precision than the reference never fails" (docs/verdicts.md)."""
-    exact = context.get(name + EXACT)
-    if exact is None:
-        return None
-    x = exact.double().reshape(e.shape)
-    known = torch.isfinite(x) & torch.isfinite(e) & torch.isfinite(a)
-    if finite is not None:
-        known &= finite
-    zero = torch.zeros((), dtype=torch.float64)
-    mine = float(torch.where(known, a - x, zero).norm())
-    reference = float(torch.where(known, e - x, zero).norm())
-    ratio = mine / reference if reference > 0 else (1.0 if mine == 0 else float("inf"))
-    return {"exact_l2": mine, "reference_l2": reference, "exact_ratio": ratio}
-
-
-EXACT = ".exact"  # context suffix: `<output>.exact` holds the output's exact value before its roundings
-EXACT_ERROR = ".exact_error"  # and `<output>.exact_error` how far the reference's own roundings may take it
 
 
 def _term_flips_note(name: str, expected: torch.Tensor, actual: torch.Tensor, diff: torch.Tensor, own: Any,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..accumulation import ACC, gemm_terms, through_rms_norm, through_rope
-from ..compare import EXACT, EXACT_ERROR
+from ..precision import EXACT, EXACT_ERROR
 from ..compare import OWN_PRE as OWN
 from ..reference import numerics as nx
 from ..reference.attention import LayerWeights, output_rank, rope_table, step_window_ids, window_part_length

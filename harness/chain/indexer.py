@@ -18,7 +18,7 @@ import torch
 
 from ..accumulation import ACC, gemm_terms, through_rope
 from ..boundary import FORMATS, admissible_variants, pre_tolerance
-from ..compare import EXACT, EXACT_ERROR
+from ..precision import EXACT, EXACT_ERROR
 from ..policy import Policy
 from ..reference import numerics as nx
 from ..reference.fp8_linear import weight_input

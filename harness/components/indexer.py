@@ -27,7 +27,7 @@ from ..reference import indexer as ix
 from ..reference import numerics as nx
 from ..reference import rope as rp
 from ..chain.indexer import judge_indexer
-from ..compare import EXACT, EXACT_ERROR
+from ..precision import EXACT, EXACT_ERROR
 from ..registry import Component, OutputSpec, register
 from ..registry import ParamSpec as P
 from ..registry import TensorSpec as T

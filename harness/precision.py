@@ -1,0 +1,46 @@
+"""Judging an output for its precision: against its exact value (before any rounding), no farther from
+it than the reference's own roundings take the reference (docs/verdicts.md, "GPU arithmetic": more
+precision than the reference never fails). The comparator's context carries the exact value where
+the judge computed it (`<name>.exact`, NaN where not known) and how far the reference's roundings may
+take it (`<name>.exact_error`)."""
+
+from __future__ import annotations
+
+import torch
+
+EXACT = ".exact"  # context suffix: `<output>.exact` holds the output's exact value before its roundings
+EXACT_ERROR = ".exact_error"  # and `<output>.exact_error` how far the reference's own roundings may take it
+
+
+def as_precise(name: str, e: torch.Tensor, a: torch.Tensor, ulp: torch.Tensor,
+               context: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """Per element, its distance from the exact value (`<name>.exact`) over how far the reference's own
+    roundings may take it (`<name>.exact_error`) plus the implementation's own final rounding: at most 1,
+    an implementation that rounds less than the reference passes wherever it lands (NaN where the exact
+    value is not known; None: no exact value given)."""
+    exact, error = context.get(name + EXACT), context.get(name + EXACT_ERROR)
+    if exact is None or error is None:
+        return None
+    x, err = exact.double().reshape(e.shape), error.double().reshape(e.shape)
+    known = torch.isfinite(x) & torch.isfinite(err) & torch.isfinite(a)
+    share = (a - x).abs() / (err + ulp / 2 + x.abs() * 2.0 ** -20)
+    return torch.where(known, share, torch.full_like(share, float("nan")))
+
+
+def precision_against_exact(name: str, e: torch.Tensor, a: torch.Tensor, finite: torch.Tensor | None,
+                            context: dict[str, torch.Tensor]) -> dict | None:
+    """For an output the context gives the exact (unrounded) value of (`<name>.exact`, NaN where it is
+    not known): the L2 distances of the implementation's and the reference's values from it, over the
+    elements finite everywhere. "More precision than the reference never fails" (docs/verdicts.md)."""
+    exact = context.get(name + EXACT)
+    if exact is None:
+        return None
+    x = exact.double().reshape(e.shape)
+    known = torch.isfinite(x) & torch.isfinite(e) & torch.isfinite(a)
+    if finite is not None:
+        known &= finite
+    zero = torch.zeros((), dtype=torch.float64)
+    mine = float(torch.where(known, a - x, zero).norm())
+    reference = float(torch.where(known, e - x, zero).norm())
+    ratio = mine / reference if reference > 0 else (1.0 if mine == 0 else float("inf"))
+    return {"exact_l2": mine, "reference_l2": reference, "exact_ratio": ratio}
