@@ -5,7 +5,7 @@ Rows are tie-heavy like the indexer's: bf16-quantised Gaussian scores with a thi
 plain float32 Gaussian rows (no ties). Three sections, each the best of a few repeats per row,
 torch with one thread:
 
-1. the start-up probe (`v41_conformance.reference.topk_probe.torch_topk_matches`): its verdict and how
+1. the start-up probe (`v41_conformance.reference.topk.torch_topk_matches`): its verdict and how
    long it took, the first time, in this fresh process;
 2. the emulation (`emulate_topk`, key building included) against torch.topk, per width
    (n = 2050, 4096, 16384, 65536; k = 512 and 2048 where k <= n; sorted False as at M:579 and
@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 
 from v41_conformance.reference.topk import emulate_topk, topk_mode, torch_cpu_topk, uses_partial_sort
-from v41_conformance.reference.topk_probe import torch_topk_matches
+from v41_conformance.reference.topk import torch_topk_matches
 
 PRODUCTION = [(16384, 512), (65536, 512), (2050, 2048)]
 CASES = [(2050, 2048), (4096, 512), (4096, 2048), (16384, 512), (16384, 2048), (65536, 512), (65536, 2048)]

@@ -17,10 +17,23 @@ small output and a large A: its relative precision is legitimately low, which a 
 cannot know. The reference's own GEMMs are exact (float64 sums of exact products, one rounding), so
 the allowance is the hardware's, not the reference's.
 
+A bounds one element; it does not bound the error of the whole output. Each block's losses are
+independent of the other blocks', so the error an element typically carries is u x R, where R adds
+the blocks' magnitudes in quadrature (`Terms.rms`): at K = 32 R equals A, at K = 8192 (wo_b) it is
+about A / 16. The comparator subtracts only the arguments' allowance before its rel L2 bound and
+widens that bound by the energy u x R predicts (`expected_spread`), so a bug that moves every element
+a little cannot hide under a long GEMM's elementwise allowance. Measured on the small tier's
+linear.fp8 cases: y scaled by 1 + 2^-6 or 1 + 2^-7 fails every case (rel L2 0.0155 and 0.0077
+against allowances of 0.0063 to 0.0077); 1 + 2^-8 passes (0.0057); the 14-bit accumulator passes
+every case at rel L2 0.0004 to 0.0021. The model is conservative: its typical error is 5 to 40 times
+the measured one, so it expects nearly every element of a long fp8 GEMM to change its bf16 rounding.
+
 Pure functions of tensors; float64 magnitudes (every product of e4m3 values is exact there).
 """
 
 from __future__ import annotations
+
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -30,6 +43,25 @@ from .reference.fp8_linear import BLOCK, Fp8Weight, e4m3_value
 FP8_ACCUMULATOR_BITS = 14  # an H800's fp8 tensor core (DeepSeek-V3 technical report, §3.3.2)
 WALK = BLOCK ** 0.5  # the losses of a block's additions, as a random walk over its BLOCK additions
 ACC = ".acc"  # context suffix: `<output>.acc` holds A, the magnitude of the fp8 GEMM terms behind each element
+ACC_RMS = ".acc_rms"  # `<output>.acc_rms`: R, the blocks' magnitudes summed as independent errors
+
+
+class Terms(NamedTuple):
+    """The magnitudes behind each output of an fp8 GEMM (float64, the output's shape), both scaled by
+    WALK: `peak` sums the blocks' magnitudes (A: what one element's error may reach); `rms` adds them
+    in quadrature (R: the size of a typical element's error, the blocks' losses being independent, each
+    following the sign of its block's sum). At K = 32 they are one; at K = 8192 (wo_b) R is about
+    A / 16: the elementwise bound takes A, the global error (rel L2) takes R, so a bug that moves every
+    element a little (a scale off by 2^-6) cannot hide in the elementwise allowance of a long GEMM."""
+    peak: torch.Tensor
+    rms: torch.Tensor
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Terms":
+        return Terms(fn(self.peak), fn(self.rms))
+
+    def context(self, name: str) -> dict[str, torch.Tensor]:
+        """The comparator's context entries for output `name`."""
+        return {name + ACC: self.peak, name + ACC_RMS: self.rms}
 
 
 def unit(bits: float) -> float:
@@ -37,66 +69,99 @@ def unit(bits: float) -> float:
     return 2.0 ** (1 - bits)
 
 
-def fp8_terms(x: torch.Tensor, weight: Fp8Weight) -> torch.Tensor:
-    """float64 [..., N]: A = WALK x sum over K of |qa_k * qw_k| * sa * sw, from the magnitude of the
-    terms the block-scaled fp8 GEMM of act_quant(x) and `weight` sums into each output (x bf16 [..., K])."""
+def fp8_terms(x: torch.Tensor, weight: Fp8Weight, chunk: int = 16) -> Terms:
+    """The magnitudes of the terms the block-scaled fp8 GEMM of act_quant(x) and `weight` sums into each
+    output (x bf16 [..., K]; Terms of [..., N]): per block b of 32 along K, T_b = sum of |qa_k * qw_k| *
+    sa * sw; A = WALK x sum_b T_b, R = WALK x sqrt(sum_b T_b^2). `chunk` blocks at a time bound the
+    memory at rows x N x chunk doubles."""
     n, k = weight.shape
     q = nx.fp8_qdq_ue8m0(x, BLOCK)
     nb = k // BLOCK
-    qa = (e4m3_value(q.codes).abs().reshape(-1, nb, BLOCK).double() * q.scales.reshape(-1, nb, 1).double()).reshape(-1, k)
+    qa = e4m3_value(q.codes).abs().reshape(-1, nb, BLOCK).double() * q.scales.reshape(-1, nb, 1).double()
     sw = nx.e8m0_value(weight.scale_bytes).double().repeat_interleave(BLOCK, dim=0)[:n]  # [N, K/32]
-    qw = e4m3_value(weight.codes).abs().double() * sw.repeat_interleave(BLOCK, dim=1)
-    return WALK * (qa @ qw.T).reshape(*x.shape[:-1], n)
+    qw = (e4m3_value(weight.codes).abs().double() * sw.repeat_interleave(BLOCK, dim=1)).reshape(n, nb, BLOCK)
+    peak = torch.zeros(qa.shape[0], n, dtype=torch.float64)
+    squares = torch.zeros_like(peak)
+    for b0 in range(0, nb, chunk):  # [blocks, rows, 32] @ [blocks, 32, N]: each block's T_b
+        t = torch.bmm(qa[:, b0:b0 + chunk].transpose(0, 1), qw[:, b0:b0 + chunk].permute(1, 2, 0))
+        peak += t.sum(0)
+        squares += t.square().sum(0)
+    shape = (*x.shape[:-1], n)
+    return Terms(WALK * peak.reshape(shape), WALK * squares.sqrt().reshape(shape))
 
 
-def gemm_terms(x: torch.Tensor, weight) -> torch.Tensor | None:
+def gemm_terms(x: torch.Tensor, weight) -> Terms | None:
     """The fp8 GEMM's term magnitudes for an fp8 weight; None for a bf16 or fp32 one (accumulated in
     fp32 on every device: the flat allowances cover its order)."""
     return fp8_terms(x, weight) if isinstance(weight, Fp8Weight) else None
 
 
-def through_rms_norm(y: torch.Tensor, weight: torch.Tensor, terms: torch.Tensor, eps: float) -> torch.Tensor:
-    """A carried through RMSNorm(y) = weight * y / rms(y): a change d of y moves output i by
-    |weight_i| d_i / rms plus |out_i| times the relative change of rms, sum_j |y_j| d_j / (n rms^2)."""
+def through_rms_norm(y: torch.Tensor, weight: torch.Tensor, terms: Terms, eps: float) -> Terms:
+    """Terms carried through RMSNorm(y) = weight * y / rms(y): a change d of y moves output i by
+    |weight_i| d_i / rms plus |out_i| times the relative change of rms, sum_j y_j d_j / (n rms^2)
+    (for A, |y_j| d_j summed; for R, independent d_j: (y_j d_j)^2 summed under a root)."""
     yd = y.double()
     ms = yd.square().mean(-1, keepdim=True) + eps
     rms = ms.sqrt()
     out = weight.double() * yd / rms
-    return weight.double().abs() * terms / rms + out.abs() * (yd.abs() * terms).mean(-1, keepdim=True) / ms
+    n = yd.shape[-1]
+    peak_shift = (yd.abs() * terms.peak).sum(-1, keepdim=True) / (n * ms)
+    rms_shift = (yd * terms.rms).square().sum(-1, keepdim=True).sqrt() / (n * ms)
+    w = weight.double().abs()
+    return Terms(w * terms.peak / rms + out.abs() * peak_shift, w * terms.rms / rms + out.abs() * rms_shift)
 
 
-def through_rope(terms: torch.Tensor, rope_dim: int) -> torch.Tensor:
-    """A carried through RoPE on the last `rope_dim` channels (interleaved pairs): each rotated
-    channel moves by at most the sum of its pair's."""
+def through_rope(terms: Terms, rope_dim: int) -> Terms:
+    """Terms carried through RoPE on the last `rope_dim` channels (interleaved pairs): each rotated
+    channel moves by at most the sum of its pair's (A), by their root sum of squares (R)."""
     if not rope_dim:
         return terms
-    out = terms.clone()
-    tail = terms[..., -rope_dim:].unflatten(-1, (-1, 2))
-    out[..., -rope_dim:] = tail.sum(-1, keepdim=True).expand_as(tail).flatten(-2)
-    return out
+
+    def rotated(t: torch.Tensor, combine: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        out = t.clone()
+        tail = t[..., -rope_dim:].unflatten(-1, (-1, 2))
+        out[..., -rope_dim:] = combine(tail).expand_as(tail).flatten(-2)
+        return out
+
+    return Terms(rotated(terms.peak, lambda p: p.sum(-1, keepdim=True)),
+                 rotated(terms.rms, lambda p: p.square().sum(-1, keepdim=True).sqrt()))
 
 
-# The share of differing elements an fp8 GEMM's accumulation can flip is an expectation; twice it keeps a
-# correct kernel clear of its own spread.
+# The error a correct kernel's accumulation carries is an expectation (the share of differing elements,
+# the global error); twice it keeps a correct kernel clear of its own spread.
 FLIP_MARGIN = 2.0
 
 
 def accumulation_allowance(name: str, expected: torch.Tensor, bits: float,
                            context: dict[str, torch.Tensor]) -> torch.Tensor | float:
-    """u x A where the comparator's context holds A (`<name>.acc`), else 0 (float64, expected's shape)."""
+    """u x A where the comparator's context holds A (`<name>.acc`), else 0 (float64, expected's shape):
+    what one element's accumulation error may reach."""
     terms = context.get(name + ACC)
     if terms is None or not bool((terms > 0).any()):
         return 0.0
     return unit(bits) * terms.double().reshape(expected.shape)
 
 
-def expected_flips(allowance, ulp: torch.Tensor, finite: torch.Tensor | None) -> tuple[float, float]:
-    """How many roundings an error of up to `allowance` may flip, and the squared error they carry: per
-    element, the chance that it carries the value across a rounding midpoint, min(1, 2 allowance / ulp),
-    each flip one ulp."""
-    if isinstance(allowance, float):
-        return 0.0, 0.0
-    chance = (2 * allowance / ulp).clamp(max=1.0)
+class Spread(NamedTuple):
+    """What a correct kernel's accumulation does to an output as a whole: `flips`, the number of
+    elements it is expected to move off the reference's rounding; `energy`, the squared error it is
+    expected to carry (summed over the elements)."""
+    flips: float
+    energy: float
+
+
+def expected_spread(name: str, expected: torch.Tensor, bits: float, context: dict[str, torch.Tensor],
+                    ulp: torch.Tensor, finite: torch.Tensor | None) -> Spread | None:
+    """From R (`<name>.acc_rms`, else A): per element, a typical error e = u x R; the chance that it
+    carries the value across a rounding midpoint, p = min(1, 2 e / ulp); its expected squared error,
+    e^2 + p ulp^2. None where the context holds no magnitudes."""
+    terms = context.get(name + ACC_RMS, context.get(name + ACC))
+    if terms is None or not bool((terms > 0).any()):
+        return None
+    typical = unit(bits) * terms.double().reshape(expected.shape)
+    ulp = ulp.double()
+    chance = (2 * typical / ulp).clamp(max=1.0)
+    energy = typical.square() + chance * ulp.square()
     if finite is not None:
-        chance = torch.where(finite, chance, 0.0)
-    return float(chance.sum()), float((chance * ulp.double().square()).sum())
+        chance, energy = torch.where(finite, chance, 0.0), torch.where(finite, energy, 0.0)
+    return Spread(float(chance.sum()), float(energy.sum()))

@@ -69,7 +69,8 @@ class Policy:
     term_ulps: float = 0.0  # allowance: this many bf16 ulps of that term (an intermediate rounding flip)
     # The accumulator model (harness/accumulation.py): an element fed by an fp8 GEMM may move by u x A,
     # u = 2^(1 - accumulator_bits), A the magnitude of the GEMM's terms behind it (context `<name>.acc`,
-    # given where the output differs); the implementation's hardware, 14 significant bits by default.
+    # given where the output differs), and the output as a whole by the error u x R expects (`.acc_rms`);
+    # the implementation's hardware, 14 significant bits by default.
     accumulator_bits: float = 14.0
     accumulates: bool = False  # fed by an fp8 GEMM where the weights are fp8 (described; not written into goldens)
     precision: bool = False  # judged for precision against its exact value (described; not written into goldens)

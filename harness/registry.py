@@ -236,7 +236,7 @@ class Component:
     # (failing output name, params) -> a line saying what that output holds for this case ('' for none)
     explain: Callable[[str, Params], str] | None = None
     # (inputs, params) -> what the comparator needs only where an output differs from the golden, computed
-    # then: `<output>.acc` (an fp8 GEMM's term magnitudes) or `<output>.exact` (the unrounded value)
+    # then: `<output>.acc` and `.acc_rms` (an fp8 GEMM's term magnitudes) or `<output>.exact` (the unrounded value)
     judge_context: Callable[[Tensors, Params], Tensors] | None = None
 
     def with_defaults(self, params: Params) -> Params:

@@ -89,7 +89,13 @@ INDEXER = ["indexer/r1-chunk-start600-s16-production", "indexer/r1-consumer-star
            "indexer/r2-decode-start1026-production"]
 
 
-@pytest.mark.parametrize("gate", sorted(gpu_arith.GATES))
+# The aligned tensor-core model costs hours per production attention run on a CPU (it aligns every
+# product of every 32-wide block to its largest exponent): it runs on the small tier, the production
+# shapes of linear.fp8 included (tests/test_gpu_arithmetic.py), where the sequential model runs too.
+PRODUCTION_GATES = sorted(set(gpu_arith.GATES) - {"Fp8Tc14Aligned"})
+
+
+@pytest.mark.parametrize("gate", PRODUCTION_GATES)
 def test_gpu_arithmetic_passes_the_production_case(production, gate):
     given, _ = run_once(production, gpu_arith.GATES[gate]())
     assert given.status == "pass", given.message

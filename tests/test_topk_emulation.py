@@ -29,9 +29,10 @@ from v41_conformance.reference.topk import (
     emulate_topk,
     order_from_keys,
     torch_cpu_topk,
+    torch_topk_matches,
     uses_partial_sort,
 )
-from v41_conformance.reference.topk_probe import PROBED_DTYPES, probe_topk, torch_topk_matches
+from v41_conformance.reference.topk_probe import PROBED_DTYPES, probe_topk
 
 _CONFIG = torch.__config__.show()
 LIBSTDCXX = platform.system() == "Linux" and "GCC" in _CONFIG
@@ -434,7 +435,7 @@ def test_probe_passes_with_this_torch(fresh_probe) -> None:
 
 
 def test_probe_rejects_a_topk_that_breaks_ties_otherwise() -> None:
-    assert not probe_topk(_stable_sort_topk)
+    assert not probe_topk(emulate_topk, _stable_sort_topk)
 
 
 @needs_libstdcxx

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..accumulation import ACC, gemm_terms, through_rms_norm, through_rope
+from ..accumulation import gemm_terms, through_rms_norm, through_rope
 from ..precision import EXACT, EXACT_ERROR
 from ..compare import OWN_PRE as OWN
 from ..reference import numerics as nx
@@ -48,8 +48,8 @@ from ..reference.sparse_attn import sparse_attn
 from ..stepnames import layer_name, step_name
 from .candidates import rows_of_blocks
 from .digest import differing_rows
-from .stages import (ChainJudgement, Given, Judge, Lazy, RowContext, StageVerdict, assemble, attribute_problem,
-                     differing, explained, judge_rows, rows_of)
+from .stages import (ChainJudgement, Given, Judge, Lazy, RowContext, StageVerdict, TermsContext, assemble,
+                     attribute_problem, differing, explained, judge_rows, rows_of)
 
 NINF = float("-inf")
 FP8_BLOCK = 32
@@ -253,7 +253,7 @@ class AttentionChain:
         """qr = q_norm(wq_a(x)), kv = RoPE(kv_norm(wkv(x))): with an fp8 weight, each rederived row's
         accumulation allowance carried through the norm and RoPE (harness/accumulation.py)."""
         cfg = self.cfg
-        acc = RowContext(c.name(stage) + ACC, self.b * c.S, (width,))
+        acc = TermsContext(c.name(stage), self.b * c.S, (width,))
 
         def compute(rows):
             x = self._x_rows(c, rows)
@@ -367,13 +367,13 @@ class AttentionChain:
         T = c.end // role.ratio
         H, D = cfg.index_n_heads, cfg.index_head_dim
 
-        query_acc = RowContext(c.name("index_q") + ACC, self.b * c.S, (H, D))
+        query_acc = TermsContext(c.name("index_q"), self.b * c.S, (H, D))
 
         def query(rows):
             qr = c.given["qr"].rows(rows)
             terms = gemm_terms(qr, w.indexer.wq_b)
             if terms is not None:
-                query_acc.put(rows, through_rope(terms.unflatten(-1, (H, D)), cfg.rope_head_dim))
+                query_acc.put(rows, through_rope(terms.map(lambda t: t.unflatten(-1, (H, D))), cfg.rope_head_dim))
             return indexer_query(qr[None], w.indexer.wq_b, H, self._freqs(c, rows), cfg.rope_head_dim)[0]
 
         self._intermediate(c, "index_q", (self.b, c.S, H, D), torch.bfloat16, query, ("qr",), extra=query_acc.extra)
@@ -533,7 +533,7 @@ class AttentionChain:
 
     def _out(self, c: Call) -> None:
         w = self._w(c)
-        acc = RowContext(c.name("out") + ACC, self.b * c.S, (self.cfg.dim,))
+        acc = TermsContext(c.name("out"), self.b * c.S, (self.cfg.dim,))
 
         def compute(rows):
             z = c.given["z"].rows(rows)

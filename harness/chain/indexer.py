@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ..accumulation import ACC, gemm_terms, through_rope
+from ..accumulation import gemm_terms, through_rope
 from ..boundary import FORMATS, admissible_variants, pre_tolerance
 from ..precision import EXACT, EXACT_ERROR
 from ..policy import Policy
@@ -127,14 +127,14 @@ def judge_indexer(inputs: dict, golden: dict, aux: dict, actual: dict, params: d
 
 
 def _query_accumulation(inputs: dict, expected: torch.Tensor, mine, params: dict) -> dict[str, torch.Tensor]:
-    """`index_q.acc` where the returned query differs and wq_b is fp8: the magnitude of the fp8 GEMM's
-    terms behind each element, carried through RoPE (harness/accumulation.py)."""
+    """`index_q.acc` and `index_q.acc_rms` where the returned query differs and wq_b is fp8: the
+    magnitudes of the fp8 GEMM's terms behind each element, carried through RoPE (harness/accumulation.py)."""
     if attribute_problem(mine, expected.dtype, tuple(expected.shape)) or not bool(differing(mine, expected, 2).any()):
         return {}
     terms = gemm_terms(inputs["qr"], weight_input(inputs, "wq_b"))
     if terms is None:
         return {}
-    return {"index_q" + ACC: through_rope(terms.reshape(expected.shape), int(params["rope_dim"]))}
+    return through_rope(terms.map(lambda t: t.reshape(expected.shape)), int(params["rope_dim"])).context("index_q")
 
 
 def _explain_by_query_flips(rows, values, got, q_pre, keys, w, terms, boundary: Policy, params, found: list[str]

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..accumulation import ACC, ACC_RMS, Terms
 from ..compare import OutputVerdict
 
 # (recorded name, expected, actual, extra context for the comparator) -> the verdict by the
@@ -136,7 +137,7 @@ class Lazy:
 
 class RowContext:
     """What the comparator needs of a stage beyond its expected value, filled row by row as the rows
-    are rederived (an fp8 GEMM's term magnitudes `<name>.acc`, the exact value `<name>.exact`): `fill`
+    are rederived (the exact value `<name>.exact`; an fp8 GEMM's term magnitudes: TermsContext): `fill`
     stands where nothing was computed (0: no allowance; NaN: not known)."""
 
     def __init__(self, name: str, rows: int, shape: tuple[int, ...], fill: float = 0.0):
@@ -151,6 +152,23 @@ class RowContext:
 
     def extra(self, rows=None, values=None) -> dict[str, torch.Tensor]:
         return {self.name: self.values} if self.filled else {}
+
+
+class TermsContext:
+    """An fp8 GEMM's term magnitudes for a stage (`<name>.acc`, `<name>.acc_rms`: harness/accumulation.py),
+    filled row by row as the rows are rederived."""
+
+    def __init__(self, name: str, rows: int, shape: tuple[int, ...]):
+        self.peak = RowContext(name + ACC, rows, shape)
+        self.rms = RowContext(name + ACC_RMS, rows, shape)
+
+    def put(self, rows: torch.Tensor, terms: Terms | None) -> None:
+        if terms is not None:
+            self.peak.put(rows, terms.peak)
+            self.rms.put(rows, terms.rms)
+
+    def extra(self, rows=None, values=None) -> dict[str, torch.Tensor]:
+        return {**self.peak.extra(), **self.rms.extra()}
 
 
 class Given:

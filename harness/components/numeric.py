@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import CaseSpecError
-from ..accumulation import ACC, fp8_terms
+from ..accumulation import fp8_terms
 from ..policy import ZERO_CODES
 from ..reference import fp8_linear as fp8
 from ..reference import numerics as nx
@@ -244,8 +244,8 @@ register(Component(
           "tile row)", "N/32": "ceil(N / 32) tile rows", "K/32": "tiles along K"},
     build=_fp8_linear_inputs,
     reference=_fp8_linear_reference,
-    judge_context=lambda inputs, params: {"y" + ACC: fp8_terms(inputs["x"], fp8.Fp8Weight(inputs["weight"],
-                                                                                           inputs["weight_scale"]))},
+    judge_context=lambda inputs, params: fp8_terms(inputs["x"], fp8.Fp8Weight(inputs["weight"],
+                                                                               inputs["weight_scale"])).context("y"),
     floor=4,
     notes="x bf16 [M, K]; weight uint8 [N, K] float8_e4m3fn bit patterns; weight_scale uint8 [ceil(N/32), K/32] "
           "e8m0 tile scales (2^(byte-127)), one per 32 x 32 tile (the last row block of a ragged N is partial).",

@@ -32,7 +32,7 @@ The emulation exists twice, and the tests hold the two to each other:
   a sort whose keys are all distinct skips straight to its only possible order.
 
 :func:`torch_cpu_topk` is what the harness calls. The emulation (:func:`emulate_topk`) is the
-definition; torch.topk is used only where the probe (`topk_probe.torch_topk_matches`, run once
+definition; torch.topk is used only where the probe (:func:`torch_topk_matches`, run once
 per process) proves this torch breaks ties identically, and then only for CPU tensors of the
 dtypes it probed. ``CONFORMANCE_TOPK=emulate`` forces the emulation, ``=torch`` torch.topk. The
 emulation matches libstdc++ builds (Linux wheels) only; macOS, Windows and CUDA break ties
@@ -53,6 +53,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .topk_probe import PROBED_DTYPES, probe_topk
+
 __all__ = [
     "TOPK_MODE_ENV",
     "TopkStats",
@@ -60,6 +62,7 @@ __all__ = [
     "order_from_keys",
     "torch_cpu_topk",
     "topk_mode",
+    "torch_topk_matches",
     "uses_partial_sort",
 ]
 
@@ -731,15 +734,14 @@ def topk_mode() -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _probe() -> Any:
-    from . import topk_probe  # it imports this module, so it is bound on first use
-
-    return topk_probe
+def torch_topk_matches() -> bool:
+    """`topk_probe.probe_topk` of ``torch.topk`` against the emulation, once per process
+    (``cache_clear()`` runs it again)."""
+    return probe_topk(emulate_topk)
 
 
 def _torch_topk_is_proven(values: torch.Tensor) -> bool:
-    probe = _probe()
-    return values.is_cpu and values.dtype in probe.PROBED_DTYPES and probe.torch_topk_matches()
+    return values.is_cpu and values.dtype in PROBED_DTYPES and torch_topk_matches()
 
 
 def torch_cpu_topk(

@@ -9,20 +9,18 @@ std::sort of the first k-1), sorted and unsorted, largest and smallest, NaN, ±0
 that are one long tie, a transposed input, in each dtype the dispatcher may hand to torch
 (`PROBED_DTYPES`). A torch that picks or orders tied elements differently (another kernel,
 another C++ standard library) fails, and the harness stays on the emulation. The verdict is
-taken once per process (`torch_topk_matches`) and costs about 20-30 ms.
+taken once per process (`topk.torch_topk_matches`) and costs about 20-30 ms. This module knows
+the probe, not the emulation: the caller hands it the reference to hold torch.topk against.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 
-from .topk import emulate_topk
-
-__all__ = ["PROBED_DTYPES", "probe_rows", "probe_topk", "torch_topk_matches"]
+__all__ = ["PROBED_DTYPES", "probe_rows", "probe_topk"]
 
 PROBED_DTYPES = frozenset(
     {torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int32, torch.int64}
@@ -73,12 +71,12 @@ def _probe_cases() -> Iterator[tuple[torch.Tensor, int, int, bool, bool]]:
         yield rows_of[n].t(), k, 0, True, True  # the kernel reads a column through its stride
 
 
-def probe_topk(topk: TopkFn | None = None) -> bool:
-    """True if ``topk`` (default: ``torch.topk`` as it is now) returns exactly the emulation's
+def probe_topk(reference: TopkFn, topk: TopkFn | None = None) -> bool:
+    """True if ``topk`` (default: ``torch.topk`` as it is now) returns exactly ``reference``'s
     indices and values, dtypes and shapes on every probe case."""
     topk = topk if topk is not None else torch.topk
     for values, k, dim, largest, sorted_ in _probe_cases():
-        want_values, want_indices = emulate_topk(values, k, dim=dim, largest=largest, sorted=sorted_)
+        want_values, want_indices = reference(values, k, dim=dim, largest=largest, sorted=sorted_)
         try:
             got_values, got_indices = topk(values, k, dim=dim, largest=largest, sorted=sorted_)
         except RuntimeError:  # a torch that cannot run a case cannot be trusted with it either
@@ -88,9 +86,3 @@ def probe_topk(topk: TopkFn | None = None) -> bool:
         if not (torch.equal(got_indices, want_indices) and torch.equal(_bits(got_values), _bits(want_values))):
             return False
     return True
-
-
-@functools.lru_cache(maxsize=1)
-def torch_topk_matches() -> bool:
-    """`probe_topk` of ``torch.topk``, once per process (``cache_clear()`` runs it again)."""
-    return probe_topk()
