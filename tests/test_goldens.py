@@ -141,3 +141,29 @@ def test_regenerated_inputs_are_rebuilt_from_the_seed_and_checked():
 def test_generate_with_a_selection_that_matches_nothing_fails():
     proc = run_cli("generate", "--check", "--select", "no.such.component*")
     assert proc.returncode == 1 and "no case matches" in proc.stderr
+
+
+def test_golden_metadata_is_read_from_its_key_wherever_it_stands():
+    """decode parses the header's __metadata__ alone; a tensor whose name spells the key, metadata
+    written after the tensors, and a header without metadata each read right (or fail by name)."""
+    import struct
+
+    from v41_conformance.errors import GoldenError
+    from v41_conformance.golden import SCHEMA_VERSION, _read_metadata
+
+    meta = {"schema": SCHEMA_VERSION, "case_id": "x/y", "component": "x", "params": {}, "seed": 1,
+            "generator": "g", "torch": "t", "policies": {}, "tensors": {}}
+
+    def file_of(header: str) -> bytes:
+        raw = header.encode()
+        return struct.pack("<Q", len(raw)) + raw
+
+    conformance = json.dumps({"conformance": json.dumps(meta)})
+    tensor = '"out.\\"__metadata__\\":{}":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}'
+    for header in ("{" + f'"__metadata__":{conformance},{tensor}' + "}",
+                   "{" + f'{tensor}, "__metadata__" :{conformance}' + "}",
+                   "{" + f'{tensor},"__metadata__":{conformance}' + "}"):
+        assert json.loads(header)["__metadata__"]["conformance"]  # a valid header
+        assert _read_metadata(file_of(header), "g.safetensors")["case_id"] == "x/y", header
+    with pytest.raises(GoldenError, match="g.safetensors: metadata missing"):
+        _read_metadata(file_of("{" + tensor + "}"), "g.safetensors")
