@@ -10,9 +10,11 @@ Measures, in one process and one run, for every golden of the tier:
            and a stage whose rows differ would be rederived), every comparison and the record.
 Prints both per-case means and their ratio (target: at most 3x). The two passes alternate (load,
 runner, load, runner, ...) so a burst of load from other processes hits both; each figure is the
-median of `--repeats`, the ratio the median of the per-pair ratios, with the load average.
+median of `--repeats`, the ratio the median of the per-pair ratios, with the load average. The
+process keeps freed memory as the `conformance` command's processes do
+(`v41_conformance.allocator`); `--glibc-defaults` measures without that, for comparison.
 
-    python benchmarks/run_overhead.py [--tier small|production] [--repeats 5] [--select PATTERN]
+    python benchmarks/run_overhead.py [--tier small|production] [--repeats 5] [--select PATTERN] [--glibc-defaults]
 
 The production tier's goldens must be built first (`conformance generate --tier production`); its
 attention case runs the reference for about two minutes per repeat, which is not counted.
@@ -30,6 +32,7 @@ import torch
 from safetensors.torch import load_file
 
 from v41_conformance import cache
+from v41_conformance.allocator import keep_freed_memory
 from v41_conformance.adapters.reference import ReferenceAdapter
 from v41_conformance.config import load_config
 from v41_conformance.golden import golden_path, read_manifest
@@ -70,7 +73,9 @@ def main() -> None:
     parser.add_argument("--tier", default="small")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--select", default=None)
+    parser.add_argument("--glibc-defaults", action="store_true", help="leave malloc as glibc sets it")
     args = parser.parse_args()
+    tuned = not args.glibc_defaults and keep_freed_memory()
     config = load_config(Path(__file__).resolve().parents[1] / "conformance.yaml").for_tier(args.tier)
     manifest = read_manifest(config.goldens)
     ids = [i for i in sorted(manifest) if matches(i, parse_select(args.select))]
@@ -106,6 +111,7 @@ def main() -> None:
     runner = statistics.median(b for _, b in pairs)
     ratio = statistics.median(b / a for a, b in pairs)
     total_bytes = sum(p.stat().st_size for p in paths) + sum(p.stat().st_size for p in extra if p.exists())
+    print(f"malloc: {'freed memory kept, as conformance run does' if tuned else 'glibc defaults'}")
     print(f"{args.tier} tier: {len(ids)} goldens, {total_bytes / 1e6:.2f} MB ({len(extra)} regenerated inputs from the cache); "
           f"first runner pass {first:.3f} s (cold)")
     print(f"load average {before[0]:.2f} before, {after[0]:.2f} after ({os.cpu_count()} cores); {args.repeats} pairs")

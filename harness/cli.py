@@ -75,6 +75,9 @@ def entry() -> None:
     (reports, printed output, the fork server's socket folder) is done by then, and the exit
     handlers still run."""
     STANDALONE["process"] = True
+    from .allocator import keep_freed_memory
+
+    keep_freed_memory()  # before torch allocates anything, for this process and the children it forks
     try:
         main()
     except SystemExit as exc:
