@@ -12,9 +12,12 @@ Prints both per-case means and their ratio (target: at most 3x). The two passes 
 runner, load, runner, ...) so a burst of load from other processes hits both; each figure is the
 median of `--repeats`, the ratio the median of the per-pair ratios, with the load average. The
 process keeps freed memory as the `conformance` command's processes do
-(`v41_conformance.allocator`); `--glibc-defaults` measures without that, for comparison.
+(`v41_conformance.allocator`) and settles its garbage collector once the implementation is loaded,
+as an isolation child does (`v41_conformance.collector`); `--glibc-defaults` and `--gc-defaults`
+measure without either, for comparison.
 
-    python benchmarks/run_overhead.py [--tier small|production] [--repeats 5] [--select PATTERN] [--glibc-defaults]
+    python benchmarks/run_overhead.py [--tier small|production] [--repeats 5] [--select PATTERN]
+                                      [--glibc-defaults] [--gc-defaults]
 
 The production tier's goldens must be built first (`conformance generate --tier production`); its
 attention case runs the reference for about two minutes per repeat, which is not counted.
@@ -33,10 +36,12 @@ from safetensors.torch import load_file
 
 from v41_conformance import cache
 from v41_conformance.allocator import keep_freed_memory
+from v41_conformance.collector import settle
 from v41_conformance.adapters.reference import ReferenceAdapter
 from v41_conformance.config import load_config
 from v41_conformance.golden import golden_path, read_manifest
 from v41_conformance.ids import matches, parse_select
+from v41_conformance.known import components
 from v41_conformance.regenerated import CACHE_KIND
 from v41_conformance.runner import run_case
 
@@ -74,6 +79,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--select", default=None)
     parser.add_argument("--glibc-defaults", action="store_true", help="leave malloc as glibc sets it")
+    parser.add_argument("--gc-defaults", action="store_true", help="leave Python's garbage collector as it starts")
     args = parser.parse_args()
     tuned = not args.glibc_defaults and keep_freed_memory()
     config = load_config(Path(__file__).resolve().parents[1] / "conformance.yaml").for_tier(args.tier)
@@ -81,6 +87,9 @@ def main() -> None:
     ids = [i for i in sorted(manifest) if matches(i, parse_select(args.select))]
     torch.set_num_threads(1 if args.tier == "small" else torch.get_num_threads())
     impl = TimedReference()
+    if not args.gc_defaults:
+        components()  # loaded before settling, as an isolation child loads them
+        settle()
     paths = [golden_path(config.goldens, i) for i in ids]
 
     def time_runner() -> float:
@@ -111,7 +120,8 @@ def main() -> None:
     runner = statistics.median(b for _, b in pairs)
     ratio = statistics.median(b / a for a, b in pairs)
     total_bytes = sum(p.stat().st_size for p in paths) + sum(p.stat().st_size for p in extra if p.exists())
-    print(f"malloc: {'freed memory kept, as conformance run does' if tuned else 'glibc defaults'}")
+    print(f"malloc: {'freed memory kept, as conformance run does' if tuned else 'glibc defaults'}; "
+          f"garbage collector: {'defaults' if args.gc_defaults else 'settled, as an isolation child does'}")
     print(f"{args.tier} tier: {len(ids)} goldens, {total_bytes / 1e6:.2f} MB ({len(extra)} regenerated inputs from the cache); "
           f"first runner pass {first:.3f} s (cold)")
     print(f"load average {before[0]:.2f} before, {after[0]:.2f} after ({os.cpu_count()} cores); {args.repeats} pairs")

@@ -77,12 +77,13 @@ def decode(data: bytes, where: str) -> Golden:
         raise GoldenError(f"{where}: not a readable safetensors file ({exc}); regenerate it with `conformance generate`") from None
     meta = _read_metadata(data, where)
     golden = Golden({}, {}, {}, meta)
+    buckets = dict(zip((p.rstrip(".") for p in PREFIXES), (golden.inputs, golden.outputs, golden.aux)))
     for name, tensor in tensors.items():
-        prefix = next((p for p in PREFIXES if name.startswith(p)), None)
-        if prefix is None:
+        prefix, dot, rest = name.partition(".")
+        bucket = buckets.get(prefix) if dot else None
+        if bucket is None:
             raise GoldenError(f"{where}: tensor {name!r} has no in./out./aux. prefix")
-        bucket = {"in.": golden.inputs, "out.": golden.outputs, "aux.": golden.aux}[prefix]
-        bucket[name[len(prefix):]] = tensor
+        bucket[rest] = tensor
     if not golden.outputs:
         raise GoldenError(f"{where}: holds no out.* tensors")
     return golden

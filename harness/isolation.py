@@ -78,6 +78,9 @@ def _child_main(conn, run_config: dict) -> None:
     except Exception as exc:  # reported on the first case, so the run still writes results
         conn.send(("broken", f"{type(exc).__name__}: {exc}"))
     else:
+        from .collector import settle
+
+        settle()  # start-up is over: what it built is left out of every collection from now on
         conn.send(("ready", ""))
     while True:
         try:

@@ -47,7 +47,10 @@ class StepError(Exception):
 
 def repro_command(case_id: str, impl: str) -> str:
     """The command that re-runs one case, into a report dir of its own (never a run's)."""
-    return f"conformance run --impl {impl} --select '{case_id}' --report-dir {rerun_dir(DEFAULT_REPORT_DIR)}"
+    return f"conformance run --impl {impl} --select '{case_id}' --report-dir {_RERUN_DIR}"
+
+
+_RERUN_DIR = rerun_dir(DEFAULT_REPORT_DIR)
 
 
 def run_case(case_id: str, config: Config, impl, impl_name: str, manifest: dict, impl_conf: dict | None = None,
@@ -331,12 +334,12 @@ def _judged(component: Component, golden: Golden, actual: dict, params: dict, co
         if name in declined:  # never a pass: judged nowhere, and said so
             result.outputs[name] = {"ok": None, "declined": declined[name], "policy": policy.describe()}
             continue
-        result.outputs[name] = {"ok": verdict.ok, "policy": policy.describe(), **verdict.metrics, **_chain_fields(stage)}
+        record = result.outputs[name] = {"ok": verdict.ok, "policy": policy.describe(), **verdict.metrics}
+        _add_chain_fields(record, stage)
         _count_differences(result, verdict)
         if verdict.ok:
-            note = "\n".join(filter(None, (_rederived_note(stage), verdict.message)))
-            if note:
-                result.outputs[name]["note"] = note[:NOTE_CHARS]
+            if verdict.message or stage.rederived_rows:
+                record["note"] = "\n".join(filter(None, (_rederived_note(stage), verdict.message)))[:NOTE_CHARS]
             continue
         message = verdict.message + _given_lines(stage)
         said = component.explain(name, params) if component.explain is not None else ""
@@ -447,20 +450,18 @@ def _dtype_of(golden: Golden, name: str, actual: dict) -> torch.dtype | None:
     return value.dtype if isinstance(value, torch.Tensor) else None
 
 
-def _chain_fields(stage: StageVerdict) -> dict[str, Any]:
-    """What results.json records of where an output sits in its chain (nothing off a chain)."""
-    fields: dict[str, Any] = {}
+def _add_chain_fields(record: dict[str, Any], stage: StageVerdict) -> None:
+    """Add what results.json records of where an output sits in its chain (nothing off a chain)."""
     if stage.intermediate:
-        fields["intermediate"] = True
+        record["intermediate"] = True
     if stage.given:
-        fields["given"] = list(stage.given)
+        record["given"] = list(stage.given)
     if stage.assumed:
-        fields["assumed"] = list(stage.assumed)
+        record["assumed"] = list(stage.assumed)
     if stage.rederived_rows:
-        fields["rederived_rows"] = stage.rederived_rows
+        record["rederived_rows"] = stage.rederived_rows
     if stage.hint:
-        fields["hint"] = stage.hint
-    return fields
+        record["hint"] = stage.hint
 
 
 def _given_lines(stage: StageVerdict) -> str:
@@ -539,9 +540,10 @@ def golden_context(golden: Golden) -> dict[str, torch.Tensor]:
 
 def _count_differences(result: CaseResult, verdict) -> None:
     """Add an output's counted differences (tie rows, near ties, boundary flips) to the case."""
+    metrics = verdict.metrics
     for d in DIFFERENCES:
-        if verdict.metrics.get(d.metric):
-            setattr(result, d.count, getattr(result, d.count) + int(verdict.metrics[d.metric]))
+        if metrics.get(d.metric):
+            setattr(result, d.count, getattr(result, d.count) + int(metrics[d.metric]))
             if not getattr(result, d.example):
                 setattr(result, d.example, verdict.message)
 
@@ -553,29 +555,22 @@ TOTAL = ("mismatched", "rows_miss", *(d.metric for d in DIFFERENCES))
 
 
 def summarise_metrics(outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One line of numbers per case: the worst of each error metric and the total of each count."""
-    worst: dict[str, Any] = {}
-    total: dict[str, int] = {}
-    failed = declined = 0
-    for m in outputs.values():  # one pass: a case reports hundreds of outputs
-        if m.get("ok") is None:  # declined: neither passed nor failed
-            declined += 1
-            continue
-        failed += not m["ok"]
-        for key, value in m.items():
-            if key in _WORST and isinstance(value, (int, float)):
-                worst[key] = value if key not in worst else max(worst[key], value)
-            elif key in _TOTAL and isinstance(value, int):
-                total[key] = total.get(key, 0) + value
-    summary: dict[str, Any] = {"outputs": len(outputs) - declined, "outputs_failed": failed}
-    if declined:
-        summary["outputs_declined"] = declined
-    summary.update({key: worst[key] for key in WORST if key in worst})
-    summary.update({key: total[key] for key in TOTAL if key in total})
+    """One line of numbers per case: the worst of each error metric and the total of each count
+    (a declined output is neither passed nor failed, and in neither)."""
+    judged = [m for m in outputs.values() if m.get("ok") is not None]
+    summary: dict[str, Any] = {"outputs": len(judged), "outputs_failed": sum(not m["ok"] for m in judged)}
+    if len(judged) < len(outputs):
+        summary["outputs_declined"] = len(outputs) - len(judged)
+    # one column at a time: a case reports hundreds of outputs
+    for key in WORST:
+        values = [v for m in judged if isinstance(v := m.get(key), (int, float))]
+        if values:
+            summary[key] = max(values)
+    for key in TOTAL:
+        values = [v for m in judged if isinstance(v := m.get(key), int)]
+        if values:
+            summary[key] = sum(values)
     return summary
-
-
-_WORST, _TOTAL = frozenset(WORST), frozenset(TOTAL)
 
 
 def _exc_line(exc: BaseException) -> str:

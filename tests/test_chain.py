@@ -17,7 +17,7 @@ import torch
 
 from conftest import ROOT
 from v41_conformance.adapters.reference import ReferenceAdapter
-from v41_conformance.chain.digest import differing_rows, digests
+from v41_conformance.chain.digest import case_digest, differing_rows, digests, tensor_bytes
 from v41_conformance.chain.stages import Lazy, differing, judge_rows
 from v41_conformance.compare import OutputVerdict
 from v41_conformance.config import load_config
@@ -57,6 +57,34 @@ def test_row_digests_find_exactly_the_rows_that_differ_and_tell_signed_zeros_apa
     u[0, 1, 0, 0] = 0.0  # +0 where the reference has -0: row 1 is rederived, then judged by its policy
     assert differing_rows(u, stored, 2).nonzero().flatten().tolist() == [1, 8]
     assert differing(u, t, 2).nonzero().flatten().tolist() == [1, 8]
+
+
+def test_the_case_digest_reads_every_layout_as_its_row_major_bytes():
+    base = torch.randn(6, 8)
+    tensors = {"contiguous": base, "transposed": base.t(), "sliced": base[:, 2:5], "grad": base.clone().requires_grad_(),
+               "bf16": base.to(torch.bfloat16), "bool": base > 0, "scalar": torch.tensor(3), "empty": torch.zeros(2, 0)}
+    for name, t in tensors.items():
+        copied = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        assert bytes(tensor_bytes(t)) == copied.numpy().tobytes(), name
+    same = {n: t.detach().clone().contiguous() for n, t in tensors.items()}
+    assert torch.equal(case_digest(tensors), case_digest(same))
+    same["sliced"][1, 2] = same["sliced"][1, 2] + 1
+    assert not torch.equal(case_digest(tensors), case_digest(same))
+
+
+def test_the_references_answer_has_the_digest_the_golden_stored():
+    """What lets a bit-identical answer skip every stage's rederivation (runner._verdicts)."""
+    from v41_conformance.chain.digest import CASE_DIGEST
+    from v41_conformance.golden import load_verified
+    from v41_conformance.known import components
+
+    golden = load_verified(CONFIG.goldens, ATTENTION[0], MANIFEST)
+    component = components()["attention"]
+    impl = ReferenceAdapter()
+    actual = component.execute(lambda inputs, params: impl.run("attention", inputs, params),
+                               {k: v.clone() for k, v in golden.inputs.items()},
+                               component.with_defaults(golden.meta["params"]))
+    assert torch.equal(case_digest(actual), golden.aux[CASE_DIGEST])
 
 
 def test_only_differing_rows_are_rederived_and_each_at_most_once():

@@ -148,8 +148,15 @@ def _record(role: LayerRole, cfg: AttnConfig, start: int, end: int, given: dict,
     if role.owns_k:
         rec["index_k_rows"] = result["index_k"][:, rows]
     rec.update({name: result[name] for name in intermediate_names(role) if name in result})
-    tidy = lambda d: {k: v.detach().cpu().contiguous() for k, v in d.items()}  # noqa: E731
-    return tidy(rec), tidy(shared)
+    return {k: _plain(v) for k, v in rec.items()}, {k: _plain(v) for k, v in shared.items()}
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """The tensor as recorded: detached, on the CPU, contiguous (itself when it is all three already:
+    a step records dozens)."""
+    if t.is_cpu and not t.requires_grad and t.is_contiguous():
+        return t
+    return t.detach().cpu().contiguous()
 
 
 def _stack(step: int, name: str, per_layer: list[torch.Tensor]) -> torch.Tensor:

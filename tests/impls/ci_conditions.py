@@ -45,6 +45,17 @@ class Noisy(ReferenceAdapter):
         return out
 
 
+class CollectorState(ReferenceAdapter):
+    """Prints the garbage collector's state in the process that judges the case
+    (tests/test_collector.py: an isolation child settles it, a host is left alone)."""
+
+    def run(self, component, inputs, params):
+        import gc
+
+        print(f"collector: frozen {gc.get_freeze_count()} young {gc.get_threshold()[0]}")
+        return super().run(component, inputs, params)
+
+
 class SpawnsAndHangs(ReferenceAdapter):
     """Starts a background `sleep` and then hangs; writes both pids to CONFORMANCE_TEST_PIDS."""
 
