@@ -36,6 +36,16 @@ class FloatDtype(ReferenceAdapter):
         return {k: v.half() for k, v in out.items()} if component == "norm.rms" else out
 
 
+class IdsAsList(ReferenceAdapter):
+    """Returns the indexer's ids as a Python list: a type error, on a component judged along a chain."""
+
+    def run(self, component, inputs, params):
+        out = super().run(component, inputs, params)
+        if component == "indexer":
+            out["ids"] = out["ids"].tolist()
+        return out
+
+
 class NoNorm(ReferenceAdapter):
     def supports(self, component):
         return component != "norm.rms"
@@ -129,6 +139,18 @@ def test_a_protocol_error_gets_no_diagnosis_and_leads_with_what_was_answered(tmp
         assert case["status"] == "error" and case["kind"] == "dtype error"
         assert case["diagnosis"] is None and "diagnosis" not in case["message"]
         assert case["message"].startswith("output 'y': dtype float16 != expected")
+
+
+def test_an_output_that_is_no_tensor_on_a_chain_is_a_type_error_of_that_case_alone(tmp_path):
+    """The case digest (a chain's fast path) is taken over tensors only: a list is that output's
+    type error, and the run goes on."""
+    proc = _run(tmp_path, f"{__file__}:IdsAsList", "indexer/*,quant.e2m1/midpoints")
+    got = results(tmp_path / "rep")
+    cases = {c["id"]: c for c in got["cases"]}
+    assert proc.returncode == 1 and cases["quant.e2m1/midpoints"]["status"] == "pass"
+    indexer = [c for i, c in cases.items() if i.startswith("indexer/")]
+    assert indexer and all(c["status"] == "error" and c["kind"] == "type error" for c in indexer)
+    assert all(c["message"].startswith("output 'ids': expected a torch.Tensor, got list") for c in indexer)
 
 
 def test_an_unsupported_component_is_unsupported_whatever_its_golden(tmp_path):
