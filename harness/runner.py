@@ -225,7 +225,7 @@ def rejudged(component: Component, golden: Golden, actual: dict, params: dict, c
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
+    if a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:  # another device: compare_output says so
         return False
     if a.dtype.is_floating_point:
         return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
@@ -392,8 +392,8 @@ def _verdicts(component: Component, golden: Golden, actual: dict, params: dict, 
     output of `stop_on` (the diagnosis)."""
     if component.chain is not None:
         stored = golden.aux.get(CASE_DIGEST)
-        if stored is not None and all(isinstance(v, torch.Tensor) for v in actual.values()) \
-                and torch.equal(case_digest(actual), stored):  # the reference's every value
+        if stored is not None and all(isinstance(v, torch.Tensor) and v.is_cpu for v in actual.values()) \
+                and torch.equal(case_digest(actual), stored):  # the reference's every value (else judged one by one)
             return [StageVerdict(name, identical_verdict(name, value, config.policy(component, name, impl_conf,
                                                                                      dtype=value.dtype)),
                                  intermediate=name not in golden.outputs) for name, value in sorted(actual.items())]

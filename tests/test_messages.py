@@ -11,6 +11,8 @@ import shlex
 import subprocess
 import sys
 
+import torch
+
 from conftest import ROOT, make_project, results, run_cli, statuses
 from v41_conformance.adapters.reference import ReferenceAdapter
 
@@ -43,6 +45,19 @@ class IdsAsList(ReferenceAdapter):
         out = super().run(component, inputs, params)
         if component == "indexer":
             out["ids"] = out["ids"].tolist()
+        return out
+
+
+class OnMetaDevice(ReferenceAdapter):
+    """Leaves one output of three components on another device than the CPU (`meta` stands for a GPU
+    here): the indexer's (a chain), indexer.scores' and linear.fp8's (whose judging context is
+    built from the outputs that differ)."""
+
+    def run(self, component, inputs, params):
+        out = super().run(component, inputs, params)
+        name = {"indexer": "ids", "indexer.scores": "scores", "linear.fp8": "y"}.get(component)
+        if name:
+            out[name] = torch.empty_like(out[name], device="meta")
         return out
 
 
@@ -151,6 +166,16 @@ def test_an_output_that_is_no_tensor_on_a_chain_is_a_type_error_of_that_case_alo
     indexer = [c for i, c in cases.items() if i.startswith("indexer/")]
     assert indexer and all(c["status"] == "error" and c["kind"] == "type error" for c in indexer)
     assert all(c["message"].startswith("output 'ids': expected a torch.Tensor, got list") for c in indexer)
+
+
+def test_an_output_left_on_another_device_is_a_device_error_of_that_case_alone(tmp_path):
+    proc = _run(tmp_path, f"{__file__}:OnMetaDevice", "indexer/*,indexer.scores/*,linear.fp8/*,quant.e2m1/midpoints")
+    cases = {c["id"]: c for c in results(tmp_path / "rep")["cases"]}
+    assert proc.returncode == 1 and cases["quant.e2m1/midpoints"]["status"] == "pass"
+    for prefix, name in (("indexer/", "ids"), ("indexer.scores/", "scores"), ("linear.fp8/", "y")):
+        judged = [c for i, c in cases.items() if i.startswith(prefix)]
+        assert judged and all(c["status"] == "error" and c["kind"] == "device error" for c in judged), prefix
+        assert all(c["message"].startswith(f"output '{name}': tensor is on meta") for c in judged), prefix
 
 
 def test_an_unsupported_component_is_unsupported_whatever_its_golden(tmp_path):
