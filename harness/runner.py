@@ -38,11 +38,14 @@ from .stepnames import step_of
 
 
 class StepError(Exception):
-    """Raised by step drivers: the implementation failed at a given step of a schedule."""
+    """Raised by step drivers: the implementation failed at a given step of a schedule. `kind`: the
+    case's kind of error, as the runner names it off a schedule (an answer that is no dict or has no
+    tensor where one belongs: `type error`; names missing or extra: `missing-output error`,
+    `unexpected-output error`); anything else the implementation raised is an `exception`."""
 
-    def __init__(self, step: int, message: str):
+    def __init__(self, step: int, message: str, kind: str = "exception"):
         super().__init__(f"step {step}: {message}")
-        self.step = step
+        self.step, self.kind = step, kind
 
 
 def repro_command(case_id: str, impl: str) -> str:
@@ -246,7 +249,7 @@ def _execute(component: Component, impl, golden: Golden, params: dict, result: C
             "implementation does not support this case"
         return None
     except StepError as exc:
-        result.status, result.kind, result.message = "error", "exception", f"implementation failed at {exc}"
+        result.status, result.kind, result.message = "error", exc.kind, f"implementation failed at {exc}"
         if exc.__cause__ is not None:
             result.message += _implementation_frames(exc.__cause__)
         result.first_divergent_step = exc.step

@@ -123,14 +123,8 @@ def recorded_names(role: LayerRole) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _record(role: LayerRole, cfg: AttnConfig, start: int, end: int, given: dict, result: dict
-            ) -> tuple[dict, dict]:
+def _record(role: LayerRole, cfg: AttnConfig, start: int, end: int, result: dict) -> tuple[dict, dict]:
     """(per-layer tensors, this layer's share of the STACKED tensors) compared for one step."""
-    for name in state_names(role):
-        want, got = given[name], result[name]
-        if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
-            raise ValueError(f"returned state {name!r} as {got.dtype} {list(got.shape)}; it must keep the layout it "
-                             f"was given, {want.dtype} {list(want.shape)} (docs/attention.md)")
     win = cfg.window_size
     slots = [p % win for p in range(max(start, end - win), end)]   # ring slots written, oldest first
     shared = {"window_ids": result["window_ids"], "window_rows": result["window"][:, slots],
@@ -165,7 +159,8 @@ def _stack(step: int, name: str, per_layer: list[torch.Tensor]) -> torch.Tensor:
     for layer, t in enumerate(per_layer):
         if t.dtype != first.dtype or t.shape != first.shape:
             raise StepError(step, f"layer {layer} returned {name} as {t.dtype} {list(t.shape)} but layer 0 as "
-                                  f"{first.dtype} {list(first.shape)}; every layer's must agree")
+                                  f"{first.dtype} {list(first.shape)}; every layer's must agree",
+                            "dtype error" if t.dtype != first.dtype else "shape error")
     return torch.stack(per_layer)
 
 
@@ -203,8 +198,9 @@ def drive_layers(call, inputs: dict, params: dict) -> dict:
             except Exception as exc:
                 raise StepError(i, f"{where} raised {type(exc).__name__}: {exc}") from exc
             _check_result(i, where, role, result, protocol[layer])
+            _check_state(i, where, role, given, result)
             try:
-                rec, mine = _record(role, cfg, start, end, given, result)
+                rec, mine = _record(role, cfg, start, end, result)
             except (ValueError, IndexError, RuntimeError) as exc:
                 raise StepError(i, f"{where}: {exc}") from exc
             recorded.update({step_name(i, f"l{layer}.{k}"): v for k, v in rec.items()})
@@ -225,7 +221,7 @@ def _protocol(role: LayerRole) -> tuple[tuple[str, ...], frozenset[str]]:
 def _check_result(step: int, where: str, role: LayerRole, result, protocol: tuple) -> None:
     """`protocol`: `_protocol(role)`, computed once per layer."""
     if not isinstance(result, dict):
-        raise StepError(step, f"{where} returned {type(result).__name__}, expected a dict of tensors")
+        raise StepError(step, f"{where} returned {type(result).__name__}, expected a dict of tensors", "type error")
     required, allowed = protocol
     missing = [n for n in required if n not in result]
     extra = sorted(n for n in result if n not in allowed)
@@ -233,10 +229,21 @@ def _check_result(step: int, where: str, role: LayerRole, result, protocol: tupl
         may = ", ".join(f"rt.{s}" for s in publishable(role)) or "no shared slot"
         raise StepError(step, f"{where} returned {sorted(result)}; a {role.mode} layer returns {sorted(required)}, "
                               f"may publish {may} and may return the intermediates "
-                              f"{', '.join(intermediate_names(role))}" + (f"; unexpected {extra}" if extra else ""))
+                              f"{', '.join(intermediate_names(role))}" + (f"; unexpected {extra}" if extra else ""),
+                        "missing-output error" if missing else "unexpected-output error")
     for name, value in result.items():
         if not isinstance(value, torch.Tensor):
-            raise StepError(step, f"{where}: output {name!r} is a {type(value).__name__}, not a tensor")
+            raise StepError(step, f"{where}: output {name!r} is a {type(value).__name__}, not a tensor", "type error")
+
+
+def _check_state(step: int, where: str, role: LayerRole, given: dict, result: dict) -> None:
+    """Every state the call returns keeps the layout it was given (a dtype or shape error otherwise)."""
+    for name in state_names(role):
+        want, got = given[name], result[name]
+        if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
+            raise StepError(step, f"{where}: returned state {name!r} as {got.dtype} {list(got.shape)}; it must keep "
+                                  f"the layout it was given, {want.dtype} {list(want.shape)} (docs/attention.md)",
+                            "dtype error" if got.dtype != want.dtype else "shape error")
 
 
 def expected_outputs(params: dict) -> tuple[str, ...]:

@@ -51,11 +51,13 @@ def drive_steps(call: Call, inputs: Tensors, params: Params, step_inputs: StepIn
         except Exception as exc:
             raise StepError(i, f"[{start}, {end}) raised {type(exc).__name__}: {exc}") from exc
         if not isinstance(result, dict):
-            raise StepError(i, f"[{start}, {end}) returned {type(result).__name__}, expected a dict of tensors")
+            raise StepError(i, f"[{start}, {end}) returned {type(result).__name__}, expected a dict of tensors",
+                            "type error")
         missing = [n for n in outputs if n not in result]
         extra = [n for n in result if n not in outputs]
         if missing or extra:
-            raise StepError(i, f"[{start}, {end}) returned {sorted(result)}; expected {sorted(outputs)}")
+            raise StepError(i, f"[{start}, {end}) returned {sorted(result)}; expected {sorted(outputs)}",
+                            "missing-output error" if missing else "unexpected-output error")
         for name in outputs:
             value = result[name]
             if isinstance(value, Declined) and name not in state:  # judged nowhere: the case is partial
@@ -63,7 +65,7 @@ def drive_steps(call: Call, inputs: Tensors, params: Params, step_inputs: StepIn
             if not isinstance(value, torch.Tensor):
                 what = "state the next step needs, which cannot be declined" if isinstance(value, Declined) else \
                     f"a {type(value).__name__}, not a tensor"
-                raise StepError(i, f"output {name!r} is {what}")
+                raise StepError(i, f"output {name!r} is {what}", "type error")
         record = {name: result[name] for name in outputs}
         if derive is not None:
             try:
