@@ -41,7 +41,8 @@ class StepError(Exception):
     """Raised by step drivers: the implementation failed at a given step of a schedule. `kind`: the
     case's kind of error, as the runner names it off a schedule (an answer that is no dict or has no
     tensor where one belongs: `type error`; names missing or extra: `missing-output error`,
-    `unexpected-output error`); anything else the implementation raised is an `exception`."""
+    `unexpected-output error`; a state or a layer's tensor in another layout: `dtype error`,
+    `shape error`); anything the implementation raised is an `exception`."""
 
     def __init__(self, step: int, message: str, kind: str = "exception"):
         super().__init__(f"step {step}: {message}")
