@@ -8,6 +8,9 @@ The values a port really returns by mistake: a Python list or a numpy array (a `
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -91,3 +94,12 @@ def test_a_state_handed_back_in_another_layout_is_a_dtype_error_at_its_step():
     result = run_case(attention, CONFIG, WindowInFloat32(), "wrong", MANIFEST)
     assert (result.status, result.kind, result.first_divergent_step) == ("error", "dtype error", 0), result.message
     assert "returned state 'window' as torch.float32" in result.message
+
+
+def test_the_gpu_checks_left_on_device_step_holds_without_a_gpu(tmp_path):
+    """examples/cuda/gpu_check.sh, step left-on-gpu, with `meta` standing for the GPU: a whole run
+    (isolation children included) makes each case a device error and finishes."""
+    proc = subprocess.run([sys.executable, str(ROOT / "examples/cuda/left_on_device_check.py"), str(tmp_path / "rep"),
+                           "--device", "meta"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "left on meta: each a device error" in proc.stdout

@@ -19,7 +19,10 @@
 #   9. fp8 GEMMs on the GPU's own tensor cores (examples/cuda/scaled_mm_impl.py: torch._scaled_mm per
 #      32-wide K block, fp32 promotion across blocks) judged by the accumulator model (docs/verdicts.md,
 #      "GPU arithmetic"): linear.fp8 on the small tier, then the production tier's attention case (its
-#      fp8 qr, kv, index_q and out) and its indexer cases (the indexer's fp8 wq_b).
+#      fp8 qr, kv, index_q and out) and its indexer cases (the indexer's fp8 wq_b);
+#  10. outputs left on the GPU by a port run without --device (examples/cuda/left_on_device_check.py,
+#      tests/impls/wrong.py:LeftOnDevice): every case a `device error` naming the device, on
+#      components judged one by one and along a chain, and the run finishes.
 # Each step runs under a time limit and logs to $OUT/<step>.log; a short summary comes last.
 #
 # Usage (from anywhere):  examples/cuda/gpu_check.sh
@@ -106,6 +109,7 @@ step tensorcores bash -c "'$PY' -m v41_conformance run --device cuda --impl exam
     '$PY' -m v41_conformance generate --tier production --select 'indexer/*' && \
     '$PY' -m v41_conformance run --device cuda --tier production --impl examples/cuda/scaled_mm_impl.py:ScaledMmFp8 \
     --select 'attention/*,indexer/*' --timeout $LIMIT --report-dir '$OUT/tensorcores-production'" || failed=1
+step left-on-gpu "$PY" examples/cuda/left_on_device_check.py "$OUT/left-on-gpu" || failed=1
 
 echo
 echo "gpu_check summary"

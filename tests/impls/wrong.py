@@ -159,6 +159,16 @@ class Chaos(ReferenceAdapter):
         return out
 
 
+class LeftOnDevice(ReferenceAdapter):
+    """Computes on the CPU and leaves every output on CONFORMANCE_TEST_DEVICE (default cuda), as a
+    port run without `--device cuda` that forgot `.cpu()` does (examples/cuda/left_on_device_check.py)."""
+
+    def run(self, component, inputs, params):
+        device = os.environ.get("CONFORMANCE_TEST_DEVICE", "cuda")
+        out = super().run(component, inputs, params)
+        return {k: v.to(device) if device != "meta" else torch.empty_like(v, device="meta") for k, v in out.items()}
+
+
 class StickyCudaError(ReferenceAdapter):
     """Fails one case the way a faulting kernel does after synchronisation; the process must be replaced."""
 
