@@ -47,15 +47,17 @@ WRONG = {
 
 
 class ReturnsWrong(ReferenceAdapter):
-    """The reference, with its first output (by name) replaced by a wrong value."""
+    """The reference, with one output (`name`, by default its first by name) of `component` (by
+    default every one) replaced by a wrong value."""
 
-    def __init__(self, wrong):
-        self.wrong = wrong
+    def __init__(self, wrong, component: str | None = None, name: str | None = None):
+        self.wrong, self.component, self.name = wrong, component, name
 
     def run(self, component, inputs, params):
         out = super().run(component, inputs, params)
-        name = sorted(out)[0]
-        out[name] = self.wrong(out[name])
+        if self.component in (None, component):
+            name = self.name or sorted(out)[0]
+            out[name] = self.wrong(out[name])
         return out
 
 
@@ -79,19 +81,9 @@ def test_a_step_driven_component_names_the_step_and_the_kind():
     assert result.message.startswith("implementation failed at step 0: layer 0")
 
 
-class WindowInFloat32(ReferenceAdapter):
-    """Hands attention's window cache back in float32: a state that must keep the layout it was given."""
-
-    def run(self, component, inputs, params):
-        out = super().run(component, inputs, params)
-        if component == "attention":
-            out["window"] = out["window"].float()
-        return out
-
-
 def test_a_state_handed_back_in_another_layout_is_a_dtype_error_at_its_step():
     attention = next(c for c in CASES if c.startswith("attention/"))
-    result = run_case(attention, CONFIG, WindowInFloat32(), "wrong", MANIFEST)
+    result = run_case(attention, CONFIG, ReturnsWrong(torch.Tensor.float, "attention", "window"), "wrong", MANIFEST)
     assert (result.status, result.kind, result.first_divergent_step) == ("error", "dtype error", 0), result.message
     assert "returned state 'window' as torch.float32" in result.message
 
