@@ -14,8 +14,8 @@ the next decision: RMSNorm (`through_rms_norm`), RoPE (`through_rope`). Measured
 cases), one aligning the products to the block's largest exponent 1.2; accumulators that are
 narrower than the hardware's reach 20 to 110 (block sums in bf16, no promotion across K). A dot
 product that cancels has a small output and a large A: its relative precision is legitimately low,
-which a flat ulp count cannot know. The reference's own GEMMs are exact (float64 sums of exact products, one rounding), so
-the allowance is the hardware's, not the reference's.
+which a flat ulp count cannot know. The reference's own GEMMs are exact (float64 sums of exact
+products, one rounding), so the allowance is the hardware's, not the reference's.
 
 A bounds one element; it does not bound the error of the whole output. Each block's losses are
 independent of the other blocks', so the error an element typically carries is u x R, where R adds

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from .tensorbytes import tensor_bytes
+
 ECHO = "protocol.echo"
 DTYPE_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64",
                torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8", torch.bool: "BOOL"}
@@ -75,8 +77,6 @@ def _hint(name: str, sent: torch.Tensor, got: torch.Tensor) -> str:
     return ""
 
 
-def _bits(t: torch.Tensor) -> bytes:
-    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
 def compare(sent: dict[str, torch.Tensor], got: dict[str, Any]) -> list[Finding]:
@@ -87,7 +87,8 @@ def compare(sent: dict[str, torch.Tensor], got: dict[str, Any]) -> list[Finding]
         if not isinstance(back, torch.Tensor):
             findings.append(Finding(name, f"sent {_describe(tensor)}; not returned"))
             continue
-        same = back.dtype == tensor.dtype and back.shape == tensor.shape and _bits(back) == _bits(tensor)
+        same = back.dtype == tensor.dtype and back.shape == tensor.shape \
+            and bytes(tensor_bytes(back)) == bytes(tensor_bytes(tensor))
         if not same:
             findings.append(Finding(name, f"sent {_describe(tensor)}; returned {_describe(back)}{_hint(name, tensor, back)}"))
     for name in sorted(set(got) - set(sent)):

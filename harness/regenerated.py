@@ -26,20 +26,17 @@ import torch
 from . import cache
 from .errors import GoldenError
 from .golden import Golden
+from .tensorbytes import tensor_bytes
 
 CACHE_KIND = "inputs"
 
 
 def tensor_sha256(t: torch.Tensor) -> str:
-    return hashlib.sha256(_tensor_bytes(t)).hexdigest()
+    return hashlib.sha256(tensor_bytes(t)).hexdigest()
 
 
 def describe(t: torch.Tensor) -> dict:
     return {"sha256": tensor_sha256(t), "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}
-
-
-def _tensor_bytes(t: torch.Tensor) -> bytes:
-    return t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
 LENT = "lent_inputs"  # golden.extra: the inputs taken from the cache unverified, lent without a copy
@@ -89,7 +86,7 @@ def restore(golden: Golden, component, lend: bool = False) -> None:
                 "the goldens (`conformance generate`) or report it"
             )
         golden.inputs[name] = tensor
-        cache.write(CACHE_KIND, want["sha256"], _tensor_bytes(tensor))
+        cache.write(CACHE_KIND, want["sha256"], bytes(tensor_bytes(tensor)))
 
 
 def lent(golden: Golden) -> list[str]:

@@ -35,6 +35,7 @@ from .registry import Component, Rederived
 from .known import components
 from .rundir import DEFAULT_REPORT_DIR, rerun_dir
 from .stepnames import step_of
+from .tensorbytes import tensor_bytes
 
 
 class StepError(Exception):
@@ -47,6 +48,12 @@ class StepError(Exception):
     def __init__(self, step: int, message: str, kind: str = "exception"):
         super().__init__(f"step {step}: {message}")
         self.step, self.kind = step, kind
+
+
+def names_error(missing: list) -> str:
+    """The kind of an answer whose output names are not the ones asked for: some `missing`, else some
+    unexpected."""
+    return "missing-output error" if missing else "unexpected-output error"
 
 
 def repro_command(case_id: str, impl: str) -> str:
@@ -156,12 +163,8 @@ def _diagnose(component: Component, golden: Golden, actual: dict, params: dict, 
 def _bit_for_bit(component: Component, golden: Golden, actual: dict) -> bool:
     """Whether the answer holds every output of the golden, bit for bit (the case digest along a
     chain): then it came from the recorded inputs."""
-    stored = golden.aux.get(CASE_DIGEST)
-    if component.chain is not None and stored is not None:
-        try:
-            return torch.equal(case_digest(actual), stored)
-        except Exception:  # an answer the digest cannot read: not the golden's
-            return False
+    if component.chain is not None and CASE_DIGEST in golden.aux:
+        return _has_case_digest(golden, actual)
     return all(isinstance(actual.get(name), torch.Tensor) and not attribute_problem(actual[name], want.dtype, want.shape)
                and not bool(differing(actual[name], want, 0).any()) for name, want in golden.outputs.items())
 
@@ -202,10 +205,9 @@ def rejudged(component: Component, golden: Golden, actual: dict, params: dict, c
     changed |= {n.removesuffix(".digest") for n, v in aux.items() if n.endswith(".digest")
                 and not (n in golden.aux and _same_bits(v, golden.aux[n]))}
     digest = hashlib.sha256()
-    for name in sorted(outputs):
-        digest.update(name.encode() + outputs[name].contiguous().view(torch.uint8).numpy().tobytes())
-    for name in sorted(n for n in aux if n.endswith(".digest")):
-        digest.update(name.encode() + aux[name].numpy().tobytes())
+    for name, value in [*sorted(outputs.items()), *sorted((n, v) for n, v in aux.items() if n.endswith(".digest"))]:
+        digest.update(name.encode())
+        digest.update(tensor_bytes(value))
     if not changed:  # the variant computes what the reference computes on this case
         return Rejudged({}, frozenset(), digest.hexdigest())
     again = dataclasses.replace(golden, outputs=outputs, aux=aux)
@@ -226,6 +228,18 @@ def rejudged(component: Component, golden: Golden, actual: dict, params: dict, c
         return Rejudged({stopped.name: False}, frozenset(changed), digest.hexdigest(), evidence, complete=False)
     ok = {s.name: bool(s.verdict.ok) for s in stages if upto is None or (step_of(s.name) or 0) <= upto}
     return Rejudged(ok, frozenset(changed), digest.hexdigest(), evidence)
+
+
+def _has_case_digest(golden: Golden, actual: dict) -> bool:
+    """Whether the answer is the reference's every value along a chain: CPU tensors whose case digest
+    is the one the golden stored (False where it stores none)."""
+    stored = golden.aux.get(CASE_DIGEST)
+    if stored is None or not all(isinstance(v, torch.Tensor) and v.is_cpu for v in actual.values()):
+        return False
+    try:
+        return torch.equal(case_digest(actual), stored)
+    except Exception:  # an answer the digest cannot read (a sparse tensor, say): not the golden's
+        return False
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -327,7 +341,7 @@ def _judged(component: Component, golden: Golden, actual: dict, params: dict, co
             parts.append(f"missing output(s) {missing}")
         if extra:
             parts.append(f"unexpected output(s) {extra}")
-        result.status, result.kind = "error", "missing-output error" if missing else "unexpected-output error"
+        result.status, result.kind = "error", names_error(missing)
         return Message([f"{'; '.join(parts)}; {component.name} returns {sorted(expected_names)}"])
     failures, attribute_errors = [], []
     first_step = None
@@ -395,9 +409,7 @@ def _verdicts(component: Component, golden: Golden, actual: dict, params: dict, 
     conditioned on the boundary flips its `rederive` hook finds). `_Stopped` at the first failing
     output of `stop_on` (the diagnosis)."""
     if component.chain is not None:
-        stored = golden.aux.get(CASE_DIGEST)
-        if stored is not None and all(isinstance(v, torch.Tensor) and v.is_cpu for v in actual.values()) \
-                and torch.equal(case_digest(actual), stored):  # the reference's every value (else judged one by one)
+        if _has_case_digest(golden, actual):  # the reference's every value (else judged stage by stage)
             return [StageVerdict(name, identical_verdict(name, value, config.policy(component, name, impl_conf,
                                                                                      dtype=value.dtype)),
                                  intermediate=name not in golden.outputs) for name, value in sorted(actual.items())]

@@ -17,7 +17,8 @@ import torch
 
 from conftest import ROOT
 from v41_conformance.adapters.reference import ReferenceAdapter
-from v41_conformance.chain.digest import case_digest, differing_rows, digests, tensor_bytes
+from v41_conformance.chain.digest import case_digest, differing_rows, digests
+from v41_conformance.tensorbytes import tensor_bytes
 from v41_conformance.chain.stages import Lazy, differing, judge_rows
 from v41_conformance.compare import OutputVerdict
 from v41_conformance.config import load_config

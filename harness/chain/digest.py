@@ -10,10 +10,11 @@ its policy, not skipped).
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 
 import torch
+
+from ..tensorbytes import tensor_bytes
 
 DIGEST_BYTES = 8
 CASE_DIGEST = "case.digest"  # aux name of `case_digest` of the reference's outputs and intermediates
@@ -63,10 +64,3 @@ def case_digest(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
             h.update(tensor_bytes(t))
     return torch.tensor([int.from_bytes(h.digest()[:DIGEST_BYTES], "little", signed=True)], dtype=torch.int64)
 
-
-def tensor_bytes(t: torch.Tensor):
-    """A buffer over the tensor's bytes in row-major order: its own memory where it is a plain
-    contiguous CPU tensor (a case digests hundreds: no copy, no conversion), else a contiguous copy's."""
-    if t.is_cpu and t.layout is torch.strided and t.is_contiguous() and not (t.is_conj() or t.is_neg()):
-        return (ctypes.c_char * t.nbytes).from_address(t.data_ptr())
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()

@@ -25,7 +25,7 @@ from ..reference.compressor import completed_groups, pending_state
 from ..reference.config import AttnConfig, LayerRole, layer_roles
 from ..reference.attention import window_part_length
 from ..reference.runtime import SLOTS, init_layer_state
-from ..runner import StepError
+from ..runner import StepError, names_error
 from ..schedules import max_step, validate_schedule
 from ..stepnames import step_name
 
@@ -160,7 +160,7 @@ def _stack(step: int, name: str, per_layer: list[torch.Tensor]) -> torch.Tensor:
         if t.dtype != first.dtype or t.shape != first.shape:
             raise StepError(step, f"layer {layer} returned {name} as {t.dtype} {list(t.shape)} but layer 0 as "
                                   f"{first.dtype} {list(first.shape)}; every layer's must agree",
-                            "dtype error" if t.dtype != first.dtype else "shape error")
+                            _layout_error(t, first))
     return torch.stack(per_layer)
 
 
@@ -230,7 +230,7 @@ def _check_result(step: int, where: str, role: LayerRole, result, protocol: tupl
         raise StepError(step, f"{where} returned {sorted(result)}; a {role.mode} layer returns {sorted(required)}, "
                               f"may publish {may} and may return the intermediates "
                               f"{', '.join(intermediate_names(role))}" + (f"; unexpected {extra}" if extra else ""),
-                        "missing-output error" if missing else "unexpected-output error")
+                        names_error(missing))
     for name, value in result.items():
         if not isinstance(value, torch.Tensor):
             raise StepError(step, f"{where}: output {name!r} is a {type(value).__name__}, not a tensor", "type error")
@@ -243,7 +243,11 @@ def _check_state(step: int, where: str, role: LayerRole, given: dict, result: di
         if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
             raise StepError(step, f"{where}: returned state {name!r} as {got.dtype} {list(got.shape)}; it must keep "
                                   f"the layout it was given, {want.dtype} {list(want.shape)} (docs/attention.md)",
-                            "dtype error" if got.dtype != want.dtype else "shape error")
+                            _layout_error(got, want))
+
+
+def _layout_error(got: torch.Tensor, want: torch.Tensor) -> str:
+    return "dtype error" if got.dtype != want.dtype else "shape error"
 
 
 def expected_outputs(params: dict) -> tuple[str, ...]:

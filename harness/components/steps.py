@@ -20,7 +20,7 @@ import torch
 
 from ..adapters.base import Declined, Unsupported
 from ..registry import Call, Params, Tensors
-from ..runner import StepError
+from ..runner import StepError, names_error
 from ..stepnames import step_name
 
 StepInputs = Callable[[Tensors, int, int, int], Tensors]  # (inputs, step, start, end) -> step inputs
@@ -57,7 +57,7 @@ def drive_steps(call: Call, inputs: Tensors, params: Params, step_inputs: StepIn
         extra = [n for n in result if n not in outputs]
         if missing or extra:
             raise StepError(i, f"[{start}, {end}) returned {sorted(result)}; expected {sorted(outputs)}",
-                            "missing-output error" if missing else "unexpected-output error")
+                            names_error(missing))
         for name in outputs:
             value = result[name]
             if isinstance(value, Declined) and name not in state:  # judged nowhere: the case is partial
