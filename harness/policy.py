@@ -11,8 +11,9 @@ Kinds:
 In every kind, an element that differs only in the sign of a zero (-0 for +0 or back, as a float or
 as the two zero codes `zero_codes` of a code output) is a *signed zero*: counted, named, and
 accepted unless `accept_signed_zeros` is false (an implementation's `strict_signed_zeros: true`).
-- `bf16` / `f32`: same dtype and shape; positions of NaN, +inf, -inf and of the `sentinels`
-  values must match exactly; then every element within `ulps` units in the last place of the
+- `bf16` / `f32`: same dtype and shape; positions of NaN, +inf, -inf must match exactly, and the
+  rows the inputs mark absent (`absent_rows`: every lane of that row's ids is -1, a fact of the
+  structure, never of a value) must be exactly 0 on both sides; then every element within `ulps` units in the last place of the
   expected value in that format, plus `atol`, plus `atol_rel` times the largest |expected|, plus
   (for transcendental outputs) `argument_ulps` fp32 ulps of the function's argument stored as
   `aux.<argument>`, plus (for sums of bf16-rounded terms) `term_ulps` bf16 ulps of the largest
@@ -62,7 +63,10 @@ class Policy:
     atol_rel: float = 0.0  # absolute floor as a fraction of max |expected| (cancellation near zero)
     rel_l2: float = 0.0
     max_diff_fraction: float = 1.0  # share of elements allowed to differ at all (1.0: no limit)
-    sentinels: tuple[float, ...] = ()
+    # context key of an id tensor [..., K]: a row whose K lanes are all -1 is absent, and the output's
+    # elements under it (its leading dims) are exactly 0. Derived from the inputs, never from a value of
+    # the golden: an exact 0 elsewhere is an ordinary value, judged by the tolerance.
+    absent_rows: str | None = None
     argument: str | None = None  # aux tensor: the argument of a transcendental output (cos/sin)
     argument_ulps: float = 0.0  # allowance: this many fp32 ulps of the argument (|f'| <= 1)
     terms: str | None = None  # aux tensor: per element, the largest bf16-rounded term summed into it
@@ -144,15 +148,14 @@ class Policy:
     def to_json(self) -> dict[str, Any]:
         """The fields that differ from their defaults (and the kind): what makes this policy."""
         defaults = {f.name: f.default for f in fields(self)}
-        data = {k: v for k, v in asdict(self).items() if k == "kind" or (v != defaults[k] and k not in DESCRIPTIVE)}
-        if "sentinels" in data:
-            data["sentinels"] = list(self.sentinels)
-        return data
+        return {k: v for k, v in asdict(self).items() if k == "kind" or (v != defaults[k] and k not in DESCRIPTIVE)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Policy:
         data = dict(data)
-        data["sentinels"] = tuple(data.get("sentinels", ()))
+        if "sentinels" in data:  # goldens of schema 1.x: an exact-0 sentinel by value, now absent rows by structure
+            raise UsageError("this golden marks special values by value ('sentinels'); regenerate it with "
+                             "`conformance generate` (absent rows now come from the inputs' ids)")
         return cls(**data)
 
     def describe(self) -> str:
@@ -175,6 +178,8 @@ class Policy:
             if share and self.accumulates:
                 share += " beyond the accumulator's expected flips"
             pairs = " (ulps of the RoPE pair's norm in the rotated channels)" if self.pre_tail else ""
+            if self.absent_rows:
+                share += f"; exactly 0 where every lane of {self.absent_rows} is -1"
             if self.precision:
                 return (f"{self.kind}: |a-e| <= {self.ulps:g} ulp{pairs}{floor}, or no farther from the exact value than "
                         f"the reference's own roundings; rel L2 <= {self.rel_l2:g}, or an L2 distance from the exact "

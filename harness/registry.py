@@ -139,7 +139,7 @@ class OutputSpec:
     offset_param: str | None = None
     limit: str | None = None  # index kind: aux tensor of per-row exclusive id limits
     fill_is_worst: bool = False  # index kind: -1 lanes are picks of the worst score
-    sentinels: tuple[float, ...] = ()
+    absent_rows: str | None = None  # bf16/f32: context key of ids whose all -1 rows give exactly 0 (structure)
     argument: str | None = None  # bf16/f32: aux tensor of a transcendental output's argument
     terms: str | None = None  # bf16/f32: aux tensor of the largest bf16-rounded term summed per element
     quant: str | None = None  # quantised kind: block format (harness/boundary.py FORMATS)
@@ -166,7 +166,7 @@ class OutputSpec:
             fill_is_worst=self.fill_is_worst,
             zero_codes=self.zero_codes,
             labels=self.labels,
-            sentinels=self.sentinels,
+            absent_rows=self.absent_rows,
             argument=self.argument,
             terms=self.terms,
             quant=self.quant,

@@ -88,11 +88,31 @@ def test_masks_of_non_finite_and_sentinel_values_must_match():
     finite = e.clone()
     finite[1] = 3.0
     assert "+inf positions differ" in compare_output("y", e, finite, BF16).message
-    sentinel = Policy("bf16", ulps=1, rel_l2=1.0, atol=1.0, sentinels=(0.0,))
-    tiny = e.clone()
-    tiny[2] = 1e-3
-    assert not compare_output("y", e, tiny, sentinel).ok  # within atol, but the 0 sentinel must stay 0
-    assert compare_output("y", e, tiny, Policy("bf16", ulps=1, rel_l2=1.0, atol=1.0)).ok
+
+
+def test_absent_rows_come_from_the_ids_never_from_a_zero_in_the_golden():
+    """A row whose lanes are all -1 must be exactly 0; an exact 0 of a row with present lanes is a value."""
+    e = torch.tensor([[[1.0, 0.0], [0.0, 0.0]], [[0.0, 2.0], [0.5, 0.0]]]).to(torch.bfloat16)  # [b=2, m=2, d=2]
+    ids = torch.tensor([[[3, -1], [-1, -1]], [[0, 1], [2, 4]]], dtype=torch.int32)  # row [0, 1] absent
+    policy = Policy("bf16", ulps=1, rel_l2=1.0, atol=1e-2, absent_rows="in.ids")
+    context = {"in.ids": ids}
+    near = e.clone()
+    near[1, 1, 1] = 1e-3  # a present row's real 0 (the golden's accident): within atol
+    near[0, 0, 1] = -1e-3
+    verdict = compare_output("o", e, near, policy, context)
+    assert verdict.ok, verdict.message
+    leaked = e.clone()
+    leaked[0, 1, 0] = 1e-3  # the absent row leaks: within atol, but it must stay exactly 0
+    verdict = compare_output("o", e, leaked, policy, context)
+    assert not verdict.ok and "absent rows (every lane of in.ids is -1) must be exactly 0" in verdict.message
+    assert "[0, 1, 0]" in verdict.message
+    nan = e.clone()
+    nan[0, 1, 1] = float("nan")  # a NaN in an absent row (a running max from -inf)
+    assert not compare_output("o", e, nan, policy, context).ok
+    signed = e.clone()
+    signed[0, 1, 1] = -0.0
+    assert compare_output("o", e, signed, policy, context).ok  # -0 is exactly 0 (a signed zero, counted)
+    assert compare_output("o", e, near, Policy("bf16", ulps=1, rel_l2=1.0, atol=1e-2)).ok
 
 
 def test_diff_fraction_catches_a_moved_rounding_point():
@@ -268,3 +288,25 @@ def test_a_zero_expected_value_is_never_said_to_be_inside_an_allowance_of_zero()
     assert "at an expected 0, where one ulp is 1.4e-45; this output has no absolute allowance" in verdict.message
     floored = compare_output("scores", e, a, Policy("f32", ulps=1, rel_l2=0.0, atol=1e-4))
     assert "at an expected 0, inside the absolute allowance 0.0001" in floored.message
+
+
+def test_a_statistic_over_a_handful_of_elements_decides_nothing_the_element_bounds_do():
+    """rel L2 <= 2^-9 is tighter than one ulp on a 9-element output: a correct answer 1 ulp off at a third
+    of its elements would fail by chance. Below 256 elements the L2 allowance grows as sqrt(256 / n), and
+    the element-wise bounds catch the real bugs near it (a 1 + 2^-6 scale, a lost ReLU)."""
+    e = (1 + torch.rand(9, generator=_gen(3))).to(torch.bfloat16)
+    one_ulp = e.clone()
+    one_ulp[::3] = (e[::3].double() + ulp_of(e[::3], torch.bfloat16)).to(torch.bfloat16)
+    verdict = compare_output("s", e, one_ulp, BF16)
+    assert verdict.metrics["rel_l2"] > 2 ** -9  # the coin the old rule flipped
+    assert verdict.ok, verdict.message
+    scaled = (e.double() * (1 + 2 ** -6)).to(torch.bfloat16)
+    verdict = compare_output("s", e, scaled, BF16)
+    assert not verdict.ok and verdict.metrics["mismatched"] >= 5, verdict.message
+    assert "fewer than 256" in verdict.message  # the message says why the L2 allowance is wider
+    relu = torch.tensor([0.0, 0.0, 1.5, 0.25, 0.0, 3.0], dtype=torch.bfloat16)
+    lost = torch.tensor([-0.125, 0.0, 1.5, 0.25, -2.0, 3.0], dtype=torch.bfloat16)  # ReLU dropped
+    assert not compare_output("s", relu, lost, BF16).ok
+    big = (1 + torch.rand(4096, generator=_gen(5))).to(torch.bfloat16)
+    shifted = (big.double() + ulp_of(big, torch.bfloat16)).to(torch.bfloat16)  # 1 ulp everywhere: a bias
+    assert not compare_output("s", big, shifted, BF16).ok  # from 256 elements on, rel L2 decides as before
