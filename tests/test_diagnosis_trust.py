@@ -12,6 +12,7 @@ import sys
 from dataclasses import replace
 
 import pytest
+import torch
 
 import ports
 from conftest import ROOT
@@ -86,6 +87,36 @@ def test_variants_that_compute_the_same_on_a_case_are_named_together_as_indistin
                      lambda params, stop_on: Rejudged({"ids": True}, frozenset({"ids"}), "same"), 64)
     assert len(twice.matches) == 1 and twice.matches[0].indistinguishable, twice
     assert "this case cannot tell it from [" in twice.lines()[0]
+
+
+def test_a_variant_that_passes_an_output_by_moving_it_away_from_the_answer_is_never_named():
+    """The golden can hold an accident (an exact value that happens to meet a rule); a variant that removes
+    it passes the output without reproducing the implementation. Only a move toward the answer explains."""
+    from v41_conformance.diagnosis import Rejudged, diagnose
+
+    def rejudge(away):
+        return lambda params, stop_on: Rejudged({"o": True}, frozenset({"o"}), "v", away=away)
+
+    accident = diagnose("sparse_attn", {"o": False}, {"softmax_scale": 0.125}, rejudge(frozenset({"o"})), 64)
+    assert not accident.matches and accident.tried, accident
+    real = diagnose("sparse_attn", {"o": False}, {"softmax_scale": 0.125}, rejudge(frozenset()), 64)
+    assert real.matches
+
+
+def test_moves_toward_is_measured_against_the_answer():
+    from v41_conformance.runner import moves_toward
+
+    golden = torch.tensor([1.0, 0.0, -2.0])
+    answer = torch.tensor([1.0, 0.25, -2.0])
+    assert moves_toward(golden, torch.tensor([1.0, 0.2, -2.0]), answer)
+    assert not moves_toward(golden, torch.tensor([1.0, -0.3, -2.0]), answer)  # the 0 is gone, but farther
+    assert not moves_toward(golden, golden.clone(), answer)
+    assert moves_toward(torch.tensor([-0.0, 1.0]), torch.tensor([0.0, 1.0]), torch.tensor([0.0, 1.0]))  # a sign
+    assert not moves_toward(torch.tensor([0.0, 1.0]), torch.tensor([-0.0, 1.0]), torch.tensor([0.0, 1.0]))
+    ids = torch.tensor([[3, 1, -1]])
+    assert moves_toward(ids, torch.tensor([[1, 3, -1]]), torch.tensor([[1, 3, -1]]))
+    assert not moves_toward(ids, torch.tensor([[3, 2, -1]]), torch.tensor([[1, 3, -1]]))
+    assert not moves_toward(golden, golden, [1.0, 0.25, -2.0])  # no tensor: near nothing
 
 
 def test_two_bugs_in_two_stages_are_both_named_with_what_each_explains():

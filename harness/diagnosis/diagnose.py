@@ -5,7 +5,9 @@ under which its failing outputs pass.
 The comparator is the only judge. A variant *explains* a failing output when, against the reference
 re-run under that variant (its outputs, its aux, the chain's rederivations), the implementation's
 output passes that output's own comparison: the same policy and tolerances, the same boundary flips,
-signed zeros and index verdicts, re-derived under the variant. A variant may be named only when no
+signed zeros and index verdicts, re-derived under the variant, and the variant moves that output's
+expected value toward the implementation's (never a pass won by removing an accident of the golden:
+an exact value that happened to meet a rule, say). A variant may be named only when no
 output the implementation got right fails under it. So a port's own arithmetic around a bug never
 hides the bug, and nothing the verdict would not accept is ever "explained": a NaN is never explained
 by a finite value.
@@ -40,6 +42,9 @@ class Rejudged:
     digest: str  # of every expected tensor: two variants with one digest compute the same on this case
     evidence: dict[str, float] = field(default_factory=dict)  # output -> bits of evidence of a tie-order match
     complete: bool = True  # False: stopped at the first failing output of those it was asked to stop on
+    # outputs whose expected value the variant moves but not toward the implementation's answer (no nearer to
+    # it than the golden's): passing there reproduces an accident of the golden, not the implementation
+    away: frozenset[str] = frozenset()
 
 
 # (params for the reference, outputs to stop at when one fails) -> the case judged again under whatever
@@ -205,9 +210,11 @@ def diagnose(component: str, verdicts: dict[str, bool], params: dict, rejudge: R
 
 
 def _passes(judged: Rejudged, name: str) -> bool:
-    """Whether `name` passes under the variant. An output a whole judgement did not record passes: it is
-    judged only where what it is derived from fails (a candidate mask's kept blocks, say)."""
-    return judged.ok.get(name, judged.complete)
+    """Whether `name` passes under the variant, having moved toward the implementation's answer (a variant
+    that passes an output by moving its expected value away from the answer explains an accident of the
+    golden, never the implementation: `Rejudged.away`). An output a whole judgement did not record passes:
+    it is judged only where what it is derived from fails (a candidate mask's kept blocks, say)."""
+    return judged.ok.get(name, judged.complete) and name not in judged.away
 
 
 def _evident(v: Variant, name: str, judged: Rejudged) -> bool:
