@@ -18,6 +18,7 @@ import torch
 
 from ..errors import CaseSpecError
 from ..reference.topk import torch_cpu_topk
+from ..reference.topk_adversary import TARGETS, antiqsort_keys
 from ..registry import Component, OutputSpec, register
 from ..registry import ParamSpec as P
 from ..registry import TensorSpec as T
@@ -49,9 +50,47 @@ def _topk_inputs(params, build, gen):
         x = pool[torch.randint(len(pool), shape, generator=gen)]
     elif kind == "distinct":
         x = torch.randperm(rows * n, generator=gen).reshape(shape).float()
+    elif kind == "adversarial":  # McIlroy's adversary: introselect / introsort run out of depth
+        x = _adversarial_rows(params, build, rows, n)
     else:
         raise CaseSpecError(f"topk.torch_cpu: unknown build kind {kind!r}")
     return {"values": x.to(dtype_of(build.get("dtype", "f32")))}
+
+
+def _adversarial_rows(params, build, rows, n):
+    """[rows, n] f32, every row the one row `topk_adversary.antiqsort_keys` plays for this case's k and
+    sorted (`target`: select exhausts __introselect's depth, sort the std::sort's), its keys divided by
+    `tie_step` (ties: the fallback's choice among equal keys shows in the indices), negated for
+    largest; as values that the case's dtype holds exactly, so no rounding merges two keys
+    (`_exact_levels`)."""
+    target, tie_step = build.get("target", "select"), int(build.get("tie_step", 1))
+    if target not in TARGETS or tie_step < 1:
+        raise CaseSpecError(f"topk.torch_cpu: adversarial rows need target in {TARGETS} and tie_step >= 1, "
+                            f"got {target!r}, {tie_step}")
+    k = int(params["k"])
+    if not 1 <= k <= n:
+        raise CaseSpecError(f"topk.torch_cpu: adversarial rows need 1 <= k <= n, got k={k}, n={n}")
+    keys = torch.tensor(antiqsort_keys(n, k, bool(params.get("sorted", True)), target)) // tie_step
+    levels = _exact_levels(keys, dtype_of(build.get("dtype", "f32")))
+    row = -levels if params.get("largest", True) else levels  # small key = picked first
+    return row.expand(rows, n).clone()
+
+
+_ONE_BITS = {torch.bfloat16: 0x3F80, torch.float16: 0x3C00}  # the bit pattern of 1.0
+_INF_BITS = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00}
+# Integers each dtype holds exactly (f64 too is built through f32 here, hence f32's bound).
+_EXACT_INTEGERS = {torch.bfloat16: 256, torch.float16: 2048, torch.float32: 1 << 24, torch.float64: 1 << 24}
+
+
+def _exact_levels(keys, dtype):
+    """f32 values increasing with the int64 `keys` (>= 0), exact in `dtype`: the keys themselves where it
+    holds them all as integers, else its consecutive finite values from 1.0 up (bit patterns)."""
+    top = int(keys.max()) if keys.numel() else 0
+    if top <= _EXACT_INTEGERS[dtype]:
+        return keys.float()
+    if _ONE_BITS[dtype] + top >= _INF_BITS[dtype]:
+        raise CaseSpecError(f"topk.torch_cpu: {top + 1} adversarial levels do not fit {dtype}; use fewer elements")
+    return (keys + _ONE_BITS[dtype]).to(torch.int16).view(dtype).float()
 
 
 def _topk_reference(inputs, params):

@@ -47,7 +47,7 @@ import math
 import operator
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -93,6 +93,10 @@ class TopkStats:
     partitions: int = 0  # __unguarded_partition_pivot calls (introselect and introsort)
     introselect_heap_fallbacks: int = 0  # __introselect ran out of depth -> __heap_select
     introsort_heap_fallbacks: int = 0  # __introsort_loop ran out of depth -> heap sort
+    # Array-path bookkeeping, not a libstdc++ event (so left out of ==, which holds the two paths
+    # to each other): ranges of more than 16 equal keys that `_introsort_short` moved as one
+    # cached `_uniform_introsort` permutation.
+    short_uniform_runs: int = field(default=0, compare=False)
 
 
 def uses_partial_sort(n: int, k: int) -> bool:
@@ -517,6 +521,7 @@ def _introsort_short(K: list, I: list, ranges: list[tuple[int, int, int]], stats
                 I[first:last] = take(I[first:last])
                 K[first:last] = take(K[first:last])  # equal keys, but ±0 keep their own sign
                 _add_counts(stats, _uniform_introsort(last - first, depth).counts)
+                stats.short_uniform_runs += 1
                 break
             if depth == 0:
                 stats.introsort_heap_fallbacks += 1

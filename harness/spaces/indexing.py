@@ -93,7 +93,8 @@ TOPK_KINDS = ("gauss_bf16", "few_values", "all_ninf", "ninf_scattered", "relu_ze
 
 def _topk(rng: random.Random) -> Spec:
     """Both libstdc++ branches (partial_sort when k*64 <= n, else nth_element), their threshold
-    (n = 64k and 64k - 1), k = n; every builder kind; largest / smallest, sorted / unsorted."""
+    (n = 64k and 64k - 1), k = n; every builder kind; largest / smallest, sorted / unsorted; now and
+    then adversarial rows that reach the depth-limit fallbacks (`_topk_adversarial`)."""
     kind = rng.choice(TOPK_KINDS)
     branch = rng.choice(["partial", "nth", "nth", "threshold", "all"])
     if branch == "threshold":
@@ -121,7 +122,26 @@ def _topk(rng: random.Random) -> Spec:
     params = {"k": k, "sorted": rng.random() < 0.5}
     if rng.random() < 0.6:
         params["largest"] = rng.random() < 0.6
+    if rng.random() < TOPK_ADVERSARIAL_SHARE:  # drawn last, so the other draws stay as they were
+        return _topk_adversarial(rng, params)
     return params, build
+
+
+TOPK_ADVERSARIAL_SHARE = 0.125
+TOPK_ADVERSARIAL_MAX_N = 4096  # the adversary plays in Python (~0.2 s at 4096); bf16 levels fit below 8192
+
+
+def _topk_adversarial(rng: random.Random, params: dict) -> Spec:
+    """McIlroy-adversary rows (`kind: adversarial`) on the nth_element branch, where __introselect and
+    the sort of the first k-1 have depth limits to exhaust; tie_step > 1 adds ties (and may defuse it)."""
+    n = log_int(rng, 64, TOPK_ADVERSARIAL_MAX_N)
+    k = log_int(rng, n // 64 + 1, n)
+    build = {"kind": "adversarial", "shape": [rng.randint(1, 2), n], "target": rng.choice(["select", "sort"]),
+             "tie_step": rng.choice([1, 1, 2, 2, 3])}
+    dtype = rng.choice(["f32", "bf16", "f16"])
+    if dtype != "f32":
+        build["dtype"] = dtype
+    return {**params, "k": k}, build
 
 
 def _topk_features(params: dict, build: dict) -> list[float]:
@@ -130,17 +150,19 @@ def _topk_features(params: dict, build: dict) -> list[float]:
 
 
 TOPK_COST = (3e-4, 4e-8, 0.0)
+TOPK_ADVERSARY_COST = 1e-4  # seconds per element of the one row the adversary plays (doubled)
 
 
 def _topk_cost(params: dict, build: dict) -> float:
-    return _linear(TOPK_COST, _topk_features(params, build))
+    played = TOPK_ADVERSARY_COST * build["shape"][1] if build.get("kind") == "adversarial" else 0.0
+    return _linear(TOPK_COST, _topk_features(params, build)) + played
 
 
 register_space(Space(
     "topk.torch_cpu", _topk, _topk_cost,
     simple={"kind": "gauss_bf16", "dtype": "f32", "sorted": True, "largest": True},
     note="rows 1-16, n 1-131072 (log), k on both branches, at the 64k threshold and = n; all 7 kinds; "
-         "f32/bf16/f16; largest/smallest, sorted/unsorted",
+         "f32/bf16/f16; largest/smallest, sorted/unsorted; 1 in 8: adversarial rows (n 64-4096, nth_element)",
 ))
 
 
