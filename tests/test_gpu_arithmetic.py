@@ -75,7 +75,9 @@ MUTANTS = [
     (gpu_gates.MUTANTS["Fp8BlockSumsBf16"], "linear.fp8/wq_a-production-*", "y"),
     (gpu_gates.MUTANTS["Fp8BlockSumsBf16"], FP8_ATTENTION, "qr|kv"),
     (gpu_gates.MUTANTS["IndexLogitsHeadSumBf16"], "indexer.scores/production-heads-*", "scores"),
-    (gpu_gates.MUTANTS["IndexLogitsHeadSumBf16"], BF16_ATTENTION, "index_scores"),
+    # (not on the small attention cases: with 4 index heads a bf16 running sum is as precise as upstream's
+    # per-head roundings, 0.5-1.2x its distance from the exact scores on 22-64 scores a step; it failed
+    # them only when one step's ratio came out over 1.125, a coin the small-output rule no longer flips)
     (gpu_arith.MUTANTS["IndexLogitsNoFp4Q"].cls, "indexer/r1-*", "scores"),
     (gpu_arith.MUTANTS["IndexLogitsNoFp4Q"].cls, BF16_ATTENTION, "index_scores"),
     (gpu_arith.MUTANTS["IndexLogitsNoFp4K"].cls, BF16_ATTENTION, "index_k_rows"),
@@ -144,7 +146,9 @@ def test_more_precision_than_the_reference_passes_and_less_fails():
 
 def test_the_gpu_checks_tensor_core_fp8_linear_is_right():
     """examples/cuda/scaled_mm_impl.py (gpu_check.sh, step tensorcores) computes linear.fp8 with
-    torch._scaled_mm per K block; on the CPU its sums are exact, and it passes every case."""
+    torch._scaled_mm per K block; on the CPU its sums are exact, and it passes the cases up to the
+    indexer's production wq_b (K 1280, N 4096). The three larger production GEMMs cost 80 s here (the
+    CPU's _scaled_mm is a scalar kernel, 0.3 s a block at N 5120); gpu_check.sh runs all seven on a GPU."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("scaled_mm_impl", ROOT / "examples" / "cuda" / "scaled_mm_impl.py")
@@ -156,4 +160,6 @@ def test_the_gpu_checks_tensor_core_fp8_linear_is_right():
             y, q = module.tensor_core_fp8_linear(inputs["x"], inputs["weight"], inputs["weight_scale"])
             return {"y": y, "x_codes": q.codes, "x_scale_bytes": q.scale_bytes}
 
-    assert {judge(OnCpu(), c).status for c in ids("linear.fp8/*")} == {"pass"}
+    cases = [c for c in ids("linear.fp8/*") if "production" not in c or "indexer-wq_b" in c]
+    assert len(cases) == 4
+    assert {judge(OnCpu(), c).status for c in cases} == {"pass"}
