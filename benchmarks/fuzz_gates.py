@@ -5,12 +5,17 @@ tolerance that only holds on those shapes would make fuzz report a correct kerne
 script samples cases from every component's space (as fuzz does, deterministic per seed), builds
 each golden in memory, runs the gate implementations of the test suite on it (upstream's own
 torch arithmetic, float64 with upstream's rounding points, and the GPU-arithmetic gates of
-tests/impls/gpu_gates.py: --gpu, or --gates to choose) and prints, per component and gate:
+tests/impls/gpu_gates.py: --gpu; every attention core and GEMM order: --forms; all: --all; or --gates
+to choose; the registry is tests/impls/correct_forms.py) and prints, per component and gate:
 cases judged, failures, the accepted differences they needed (boundary flips, tie and near-tie
 rows) and the worst `bound_used` per output (the worst element's |diff| over its bound: 1.0 is
 the edge). Failures are listed with the command that re-creates them.
 
-    python benchmarks/fuzz_gates.py [--cases 40] [--seed 0] [--select 'indexer.*'] [--gpu] [--gates AllGpu,Fp8Tc14]
+    python benchmarks/fuzz_gates.py [--cases 40] [--seed 0] [--select 'indexer.*'] [--gpu] [--forms] [--all]
+                                    [--gates AllGpu,Fp8Tc14]
+
+--forms adds every attention core (PlainSoftmax, TiledFp32P, Tiles128, OnePassBf16P, the float64 sink
+column and sink factor) and the GEMM orders (Fp8K128, BlasBf16), each on the components it changes.
 """
 
 from __future__ import annotations
@@ -24,9 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "impls")]
 
-import gpu_gates  # noqa: E402
-from gate_float64 import Float64  # noqa: E402
-from gate_upstream import UpstreamTorch  # noqa: E402
+import correct_forms as forms  # noqa: E402
 
 from v41_conformance.config import load_config  # noqa: E402
 from v41_conformance.differences import DIFFERENCES  # noqa: E402
@@ -35,22 +38,26 @@ from v41_conformance.generate import build_golden  # noqa: E402
 from v41_conformance.known import get  # noqa: E402
 from v41_conformance.runner import CaseResult, judge_golden  # noqa: E402
 
-GATES = {"upstream": f"{ROOT}/tests/impls/gate_upstream.py:UpstreamTorch", "float64": f"{ROOT}/tests/impls/gate_float64.py:Float64",
-         **{name: f"{ROOT}/tests/impls/gpu_gates.py:{name}" for name in gpu_gates.GATES}}
-MAKERS = {"upstream": UpstreamTorch, "float64": Float64, **gpu_gates.GATES}
-CPU_GATES = ("upstream", "float64")
+GATES, MAKERS = forms.SPECS, forms.MAKERS
+CPU_GATES = tuple(forms.CPU)
+STATUSES = ("pass", "fail", "error", "crash", "timeout")
+FORMS = (*forms.CORES, *forms.ORDERS)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=int, default=40, help="cases per component (default 40)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--start", type=int, default=0, help="first draw index (shards: --start 0 and --start N)")
     parser.add_argument("--select", action="append", default=[], help="component patterns (default: all)")
     parser.add_argument("--gpu", action="store_true", help="the GPU-arithmetic gates too (tests/impls/gpu_gates.py)")
+    parser.add_argument("--forms", action="store_true", help="the attention cores and GEMM orders too")
+    parser.add_argument("--all", action="store_true", help="every correct form: --gpu and --forms")
     parser.add_argument("--gates", default="", help="comma-separated gate names (default: upstream, float64)")
     args = parser.parse_args()
     config = load_config(ROOT / "conformance.yaml")
-    chosen = [g for g in args.gates.split(",") if g] or [*CPU_GATES, *(gpu_gates.GATES if args.gpu else ())]
+    chosen = [g for g in args.gates.split(",") if g] or [
+        *CPU_GATES, *(forms.GPU if args.gpu or args.all else ()), *(FORMS if args.forms or args.all else ())]
     unknown = sorted(set(chosen) - set(MAKERS))
     if unknown:
         parser.error(f"unknown gate(s) {unknown}; known: {', '.join(MAKERS)}")
@@ -60,9 +67,12 @@ def main() -> None:
     share: dict[tuple[str, str, str], float] = defaultdict(float)
     failures: list[str] = []
     started = time.perf_counter()
-    for name, space in selected_spaces(args.select).items():
+    seconds: Counter = Counter()
+    patterns = [p for item in args.select for p in item.split(",") if p]
+    for name, space in selected_spaces(patterns).items():
         component = get(name)
-        for index in range(args.cases):
+        began = time.perf_counter()
+        for index in range(args.start, args.start + args.cases):
             case = draw(space, args.seed, index)
             try:
                 golden = build_golden(case.spec, config)
@@ -70,6 +80,8 @@ def main() -> None:
                 tally[(name, "-")]["refused"] += 1
                 continue
             for gate_name, gate in gates.items():
+                if not forms.reaches(gate_name, name):
+                    continue
                 result = CaseResult(case.spec.id, name, "error")
                 judge_golden(component, golden, gate, config, {}, result)
                 t = tally[(name, gate_name)]
@@ -84,11 +96,17 @@ def main() -> None:
                         share[key] = max(share[key], float(verdict["diff_fraction"]))
                 if result.status not in ("pass", "unsupported"):
                     first = (result.message or "").splitlines()[:2]
+                    print(f"# FAILED {gate_name} {case.spec.id} (index {index}): {result.status}", flush=True)
                     failures.append(f"{gate_name} {case.spec.id}: {result.status}: {' / '.join(first)}\n"
                                     f"    conformance fuzz --impl {GATES[gate_name]} --seed {args.seed} "
                                     f"--index {index} --select {name}")
+        seconds[name] += time.perf_counter() - began
+        judged = {g: t for (c, g), t in tally.items() if c == name and g != "-"}
+        print(f"# {name}: {seconds[name]:.0f} s, " + ", ".join(f"{g} {t['pass']}/{sum(t[k] for k in STATUSES)}"
+                                                             for g, t in sorted(judged.items())), flush=True)
     elapsed = time.perf_counter() - started
-    print(f"{args.cases} fresh case(s) per component, seed {args.seed}, {elapsed:.0f} s")
+    print(f"{args.cases} fresh case(s) per component (draws {args.start}-{args.start + args.cases - 1}), seed {args.seed}, "
+          f"{elapsed:.0f} s; seconds per component: " + ", ".join(f"{n} {t:.0f}" for n, t in seconds.most_common()))
     print(f"{'component':20s} {'gate':15s} {'pass':>5s} {'fail':>5s} {'other':>5s} "
           + " ".join(f"{d.column:>6s}" for d in DIFFERENCES) + "  worst bound_used (share of elements differing) per output")
     for (name, gate_name), t in sorted(tally.items()):

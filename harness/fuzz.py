@@ -327,7 +327,7 @@ def promote(entry: CaseSpec, config: Config) -> str:
     from .generate import generate
 
     component = components()[entry.component]
-    path = case_file_for(config.cases, entry.component)
+    path = promoted_case_file(config.cases, entry.component)
     before = path.read_text() if path.exists() else None
     text = before if before is not None else f"component: {entry.component}\ncases:\n"
     if not text.endswith("\n"):
@@ -349,13 +349,10 @@ def promote(entry: CaseSpec, config: Config) -> str:
     return ", ".join(ids)
 
 
-def case_file_for(cases_dir: Path, component: str) -> Path:
-    """The case file of `component` (its first line says `component: <name>`), or a new one."""
-    for path in sorted(Path(cases_dir).glob("*.yaml")):
-        first = path.read_text().split("\n", 1)[0].strip()
-        if first == f"component: {component}":
-            return path
-    return Path(cases_dir) / f"{component.replace('.', '_')}.yaml"
+def promoted_case_file(cases_dir: Path, component: str) -> Path:
+    """The case file of `component`'s promoted fuzz cases, `<component>_fuzz.yaml` (a file of its own, apart
+    from the hand-written cases: what the fuzz found stays visible as such)."""
+    return Path(cases_dir) / f"{component.replace('.', '_')}_fuzz.yaml"
 
 
 def _document(options: FuzzOptions, config: Config, chosen: dict[str, Space], tallies: dict[str, Tally],

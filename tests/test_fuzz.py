@@ -144,6 +144,46 @@ def test_correct_implementations_that_round_differently_pass_fresh_cases():
     assert not bad, "\n".join(f"{i} {g}: {s}: {m[:400]}" for i, g, s, m in bad)
 
 
+def _forms_on_fresh_cases(component: str, seed: int, draws: int) -> list[tuple[str, str, str, str]]:
+    """(case id, form, status, message) of every correct form that reaches `component` (the GPU models,
+    the attention cores, the GEMM orders: tests/impls/correct_forms.py) on `draws` fresh cases."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "impls"))
+    import correct_forms as forms
+
+    from v41_conformance.config import load_config
+    from v41_conformance.fuzz_sample import draw
+    from v41_conformance.generate import build_golden
+    from v41_conformance.known import get
+    from v41_conformance.runner import CaseResult, judge_golden
+    from v41_conformance.spaces import spaces
+
+    config = load_config(ROOT / "conformance.yaml")
+    verdicts = []
+    for index in range(draws):
+        case = draw(spaces()[component], seed, index)
+        golden = build_golden(case.spec, config)
+        for name in (*forms.GPU, *forms.CORES, *forms.ORDERS):
+            if forms.reaches(name, component):
+                result = CaseResult(case.spec.id, component, "error")
+                judge_golden(get(component), golden, forms.MAKERS[name](), config, {}, result)
+                verdicts.append((case.spec.id, name, result.status, result.message))
+    return verdicts
+
+
+# The fixed-seed smoke of `benchmarks/fuzz_gates.py --all` (docs/verdicts.md, "Gates"): every GPU model,
+# attention core and GEMM order on fresh cases of the components they change most.
+FORM_SMOKE = [("sparse_attn", 4), ("attention", 1), ("indexer", 2), ("indexer.scores", 3), ("linear.fp8", 2),
+              ("compressor", 2), ("kv.finish", 2), ("norm.rms", 2)]
+
+
+@pytest.mark.parametrize("component, draws", FORM_SMOKE, ids=[c for c, _ in FORM_SMOKE])
+def test_every_correct_form_passes_fresh_cases(component, draws):
+    bad = [v for v in _forms_on_fresh_cases(component, 35, draws) if v[2] not in ("pass", "unsupported")]
+    assert not bad, "\n".join(f"{i} {g}: {s}: {m[:400]}" for i, g, s, m in bad)
+
+
 def test_accepted_intermediate_flips_are_counted():
     """An index score 2 ulp off where its largest head term allows it passes only through the term
     allowance, and its flip is counted. (Built, not drawn: which fresh case a gate flips depends on the
@@ -177,3 +217,30 @@ def test_accepted_intermediate_flips_are_counted():
     assert "differ only at rounding boundaries (accepted by policy)" in result.message or \
         "bf16-rounded term rounding the other way" in result.message, result.message
     assert result.outputs["scores"]["boundary_flips"] == 1
+
+
+def test_a_promoted_case_whose_present_row_cancels_to_zero_passes_the_correct_cores():
+    """sparse_attn/fuzz-s1-182-m33 (cases/sparse_attn_fuzz.yaml) holds an exact 0 in a row with present
+    lanes: a value, judged by the tolerance, not an absent-row marker. The fp32-P cores pass it; an
+    implementation whose absent rows leak still fails the cases that have them."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "impls"))
+    import correct_forms as forms
+    from wrong_attention import NaNOnAbsentRows
+
+    from v41_conformance.config import load_config
+    from v41_conformance.golden import load_verified, read_manifest
+    from v41_conformance.runner import run_case
+
+    config = load_config(ROOT / "conformance.yaml")
+    manifest = read_manifest(config.goldens)
+    case = "sparse_attn/fuzz-s1-182-m33"
+    golden = load_verified(config.goldens, case, manifest)
+    present = (golden.inputs["topk_idxs"] != -1).any(-1)
+    assert bool(((golden.outputs["o"] == 0) & present[..., None, None]).any())  # the accident is in the golden
+    for name in forms.CORES:
+        result = run_case(case, config, forms.MAKERS[name](), name, manifest)
+        assert result.status == "pass", (name, result.message)
+    leak = run_case("sparse_attn/all-absent-rows-m6-k70", config, NaNOnAbsentRows(), "nan", manifest)
+    assert leak.status == "fail" and "absent rows (every lane of in.topk_idxs is -1)" in leak.message, leak.message

@@ -196,8 +196,9 @@ def test_last_row_clamped_fails_each_restore_golden_on_the_last_row_lanes(case_i
     assert "not bit-identical" in result.message
 
 
-@pytest.mark.parametrize("mutant, component", [(SingleRowSkipped, "attention"), (SinglePickSqueezed, "attention"),
-                                               (SinglePickSqueezed, "indexer"), (SinglePickSqueezed, "indexer.select"),
+# (not swept over the older attention goldens, 15 s of make test: that none of them has a one-row index
+# step is shown structurally above, test_no_older_attention_golden_has_an_index_step_with_one_compressed_row)
+@pytest.mark.parametrize("mutant, component", [(SinglePickSqueezed, "indexer"), (SinglePickSqueezed, "indexer.select"),
                                                (LastRowClamped, "candidates.restore")],
                          ids=lambda v: v if isinstance(v, str) else v.__name__)
 def test_every_mutant_passes_every_older_golden_of_the_component(mutant, component):

@@ -6,6 +6,9 @@ P to bf16 against the running max before P·V. Ports do otherwise, correctly:
 - `TiledFp32P`: the same tiles, P kept in fp32 (no bf16 cast);
 - `Tiles128`: tiles of 128 lanes, bf16 P;
 - `OnePassBf16P`: one pass over every lane against the final max, bf16 P;
+- `SinkColumn64`: float64, the sink an extra logit column of one plain softmax (its probability dropped);
+- `SinkFactor64`: float64, a plain softmax over the lanes, then the sink as the factor
+  1 / (1 + exp(sink - lse)): an exact rewriting of the same denominator;
 - (`wrong_attention.PlainSoftmax`: one fp32 softmax, no tiles.)
 
 Each is the reference with `sparse_attn` swapped (the component and inside `attention`), in fp32
@@ -65,6 +68,34 @@ def one_pass(q, kv, attn_sink, ids, softmax_scale):
     return (acc / denom.unsqueeze(-1)).to(torch.bfloat16)
 
 
+def _scores64(q, kv, ids, softmax_scale):
+    """float64 scores [b, m, h, K] (-inf on absent lanes) and the gathered rows [b, m, K, d]."""
+    rows, present = _rows(kv, ids)
+    s = torch.einsum("bmhd,bmtd->bmht", q.double(), rows.double()) * softmax_scale
+    return s.masked_fill(~present.unsqueeze(2), float("-inf")), rows.double()
+
+
+def sink_column64(q, kv, attn_sink, ids, softmax_scale):
+    """One float64 softmax over the lanes and the sink as one more logit column; the sink's probability
+    has no value row. An all-absent row gives the sink probability 1 and o exactly 0."""
+    s, rows = _scores64(q, kv, ids, softmax_scale)
+    b, m, h, _ = s.shape
+    sink = attn_sink.double().view(1, 1, h, 1).expand(b, m, h, 1)
+    p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
+    return torch.einsum("bmht,bmtd->bmhd", p, rows).to(torch.bfloat16)
+
+
+def sink_factor64(q, kv, attn_sink, ids, softmax_scale):
+    """A plain float64 softmax over the lanes, then o times 1 / (1 + exp(sink - lse)), lse the lanes'
+    log-sum-exp: the same denominator written as a factor. An all-absent row (lse -inf) gives 0."""
+    s, rows = _scores64(q, kv, ids, softmax_scale)
+    h = s.shape[2]
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # a row of -inf only: no lane, no weight
+    factor = torch.sigmoid(lse - attn_sink.double().view(1, 1, h))  # 1 / (1 + exp(sink - lse))
+    return (torch.einsum("bmht,bmtd->bmhd", p, rows) * factor.unsqueeze(-1)).to(torch.bfloat16)
+
+
 class Core(ReferenceAdapter):
     """The reference with its attention core replaced by `core` (q, kv, sink, ids, scale) -> o."""
 
@@ -92,3 +123,11 @@ class Tiles128(Core):
 
 class OnePassBf16P(Core):
     core = staticmethod(one_pass)
+
+
+class SinkColumn64(Core):
+    core = staticmethod(sink_column64)
+
+
+class SinkFactor64(Core):
+    core = staticmethod(sink_factor64)
