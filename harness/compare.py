@@ -22,6 +22,8 @@ import torch
 
 from .accumulation import FLIP_MARGIN, accumulation_allowance, expected_spread
 from .policy import PRECISION_MARGIN, ZERO_CODES, Policy
+from .logit_scale import Z_LIMIT as LOGIT_Z_LIMIT
+from .logit_scale import logit_scale_error
 from .precision import as_precise, precision_against_exact
 from .ulps import MANTISSA_BITS, rope_magnitude, ulp_of
 
@@ -328,6 +330,7 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     err_norm = float(beyond.norm())
     rel_l2 = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
     precision = precision_against_exact(name, e, a, finite, context)
+    logit = logit_scale_error(name, e, a, ulp, finite, context)
     max_ulps = float(ulps.max()) if ulps.numel() else 0.0
     counted = expected.numel() if finite is None else int(finite.sum())
     differing = int((diff > 0).sum()) + mask_failures
@@ -374,6 +377,9 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
         metrics["rel_l2_allowed"] = allowed_rel_l2
         if not mask_failures and rel_l2 is not None and allowed_rel_l2:
             metrics["rel_l2_headroom"] = rel_l2 / allowed_rel_l2
+    scaled = logit is not None and abs(logit[1]) > LOGIT_Z_LIMIT
+    if logit is not None:
+        metrics["logit_scale"], metrics["logit_scale_z"] = logit
     if precision is not None:  # or the reference's own distance from the exact value, the better of the two
         metrics.update(precision)
         if not mask_failures and rel_l2 is not None:
@@ -387,7 +393,7 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
         global_ok = False
     else:  # within the reference's rel L2, or (more precision) no farther from the exact value than it is
         global_ok = rel_l2 <= allowed_rel_l2 or (precision is not None and precision["exact_ratio"] <= margin)
-    ok = (mask_failures == 0 and over_count == 0 and global_ok
+    ok = (mask_failures == 0 and over_count == 0 and global_ok and not scaled
           and differing_allowed(differing, counted + mask_failures, policy, flips)
           and (policy.accept_signed_zeros or not n_signed))
     if term_flips and ok:  # an accepted difference only where the output passes
@@ -413,6 +419,11 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
                       "in an absent row")
     if n_signed and not policy.accept_signed_zeros:
         header.append(f"  {n_signed} element(s) differ in the sign of a zero (strict_signed_zeros)")
+    if scaled:
+        header.append(f"  the error is a scale of the logits: {name} moves as if every logit were times 1 "
+                      f"{'-' if logit[0] < 0 else '+'} {abs(logit[0]):.3g}, {abs(logit[1]):.3g} times the spread the probabilities' roundings give it "
+                      f"(allowed {LOGIT_Z_LIMIT:g}); check the softmax scale (held in bf16 it is 1 + 1.1e-4 at "
+                      "head_dim 128 and 512) and any log2(e) folded into it (docs/verdicts.md, \"The logit scale\")")
     header.append(_error_summary(e, ulps, ulp, max_ulps, max_abs, rel_l2, diff_fraction, counted, mask_failures,
                                  policy, policy.atol + policy.atol_rel * scale, precision, flips, allowed_rel_l2,
                                  margin))

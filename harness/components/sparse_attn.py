@@ -24,6 +24,7 @@ import torch
 
 from ..cases import CaseSpec
 from ..errors import CaseSpecError
+from ..logit_scale import scale_context
 from ..reference.sparse_attn import TILE, sparse_attn
 from ..registry import Component, OutputSpec, register
 from ..registry import ParamSpec as P
@@ -86,6 +87,8 @@ register(Component(
                         absent_rows="in.topk_idxs"),),
     build=_inputs,
     reference=_reference,
+    judge_context=lambda inputs, params: scale_context("o", inputs["q"], inputs["kv"], inputs["attn_sink"],
+                                                       inputs["topk_idxs"], float(params["softmax_scale"])),
     floor=5,
     notes="q bf16 [b, m, h, d]; kv bf16 [b, n, d] (K = V); attn_sink fp32 [h], a raw logit (not scaled); "
           "topk_idxs int32 [b, m, K], -1 = absent lane; params.softmax_scale (Python float, used as fp32). "

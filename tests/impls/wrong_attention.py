@@ -104,3 +104,22 @@ class OtherIndexKPolicy(ReferenceAdapter):
             other = {"upstream": "fixed", "fixed": "upstream"}[params["index_k_policy"]]
             params = {**params, "index_k_policy": other}
         return super().run(component, inputs, params)
+
+
+def _bf16_scale(q, kv, attn_sink, ids, softmax_scale):
+    """The reference kernel with its softmax scale held in bf16 (an added rounding of a constant: 1 + 1.1e-4
+    at head_dim 128 and 512, exact at 64 and 256)."""
+    return ref_sparse.sparse_attn(q, kv, attn_sink, ids, float(torch.tensor(softmax_scale, dtype=torch.bfloat16)))
+
+
+class ScaleBf16(ReferenceAdapter):
+    """BUG: the softmax scale held in bf16, in sparse_attn and inside attention."""
+
+    def run(self, component, inputs, params):
+        if component == "sparse_attn":
+            return {"o": _bf16_scale(inputs["q"], inputs["kv"], inputs["attn_sink"], inputs["topk_idxs"],
+                                     float(params["softmax_scale"]))}
+        if component == "attention":
+            with patched(ref_attention, "sparse_attn", _bf16_scale):
+                return super().run(component, inputs, params)
+        return super().run(component, inputs, params)
