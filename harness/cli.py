@@ -192,17 +192,17 @@ def _parse_shard(shard: str | None):
 
 
 def _check_device(device: str) -> None:
+    """A usable --device, asked of a throwaway child (`v41_conformance.device_check`): this process never
+    initialises the CUDA driver, which would leave every child forked from it unable to use CUDA."""
     if device == "cpu":
         return
     if not (device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
         raise UsageError(f"--device {device!r}: expected cpu, cuda or cuda:N")
-    import torch
+    from .device_check import problem, visible_devices
 
-    if not torch.cuda.is_available():
-        raise UsageError(f"--device {device}: no CUDA device is available to this torch "
-                         f"({torch.__version__}); run on a GPU machine or use --device cpu")
-    if ":" in device and int(device[5:]) >= torch.cuda.device_count():
-        raise UsageError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    why = problem(device, visible_devices())
+    if why:
+        raise UsageError(f"--device {device}: {why}; run on a GPU machine or use --device cpu")
 
 
 @main.command()

@@ -12,7 +12,9 @@ This module imports nothing heavy. `conformance run` starts the server as a fork
 (`warm_up(here=True)`), once it has imported `PRELOAD` and before it starts a thread or an
 implementation: a run then imports torch once, not in two processes at once (on a busy machine the
 second import is a second of CPU the run waits for). Where that is not safe (another Python thread
-runs, CUDA is initialised) the server is a fresh interpreter that imports `PRELOAD` itself.
+runs, or the CUDA driver is initialised in this process: by torch, by another library, by a team's
+conftest or by the user; `v41_conformance.cuda_driver` asks the driver itself) the server is a fresh
+interpreter that imports `PRELOAD` itself, and `how()` says so and why (every report's header).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import warnings
 PRELOAD = ["v41_conformance._forkserver_guard", "torch", "v41_conformance.isolation", "v41_conformance.components",
            "v41_conformance.execution"]  # what every child imports: once, in the server
 _LOCK = threading.Lock()
+_HOW: dict[str, str] = {}  # how this process's fork server was started (`how`)
 
 
 def method() -> str:
@@ -56,11 +59,35 @@ def warm_up(here: bool = False) -> None:
     from multiprocessing import forkserver
 
     with _LOCK:
-        if here and _safe_to_fork():
+        if _HOW:  # started already (a fork server that died since is restarted as a fresh interpreter)
+            forkserver.ensure_running()
+            return
+        unsafe = _unsafe_to_fork() if here else ""
+        if here and not unsafe:
             preload()
             _ensure_running_as_fork(forkserver)
+            _HOW.update(start="forkserver", server="a fork of the run's process",
+                        why="it had imported torch and the harness, runs no other thread and has not initialised "
+                            "the CUDA driver")
         else:
             forkserver.ensure_running()
+            why = (unsafe if unsafe else
+                   "inside a host process (a pytest session, a program calling the harness) the fork server is "
+                   "never a fork of it")
+            _HOW.update(start="forkserver", server="a fresh interpreter", why=why)
+
+
+def how() -> dict[str, str]:
+    """How this process's isolation children start: {start (the multiprocessing start method),
+    server (what the fork server is), why}; said once per run (results.json's `children`)."""
+    chosen = method()
+    if chosen == "spawn":
+        wanted = os.environ.get("CONFORMANCE_START_METHOD", "").strip() == "spawn"
+        return {"start": "spawn", "server": "none (each child is a fresh interpreter)",
+                "why": "CONFORMANCE_START_METHOD=spawn" if wanted else "this platform has no forkserver"}
+    if _HOW:
+        return dict(_HOW)
+    return {"start": chosen, "server": "not started by this process", "why": "no isolation child was started here"}
 
 
 def preload() -> None:
@@ -71,14 +98,20 @@ def preload() -> None:
         importlib.import_module(name)
 
 
-def _safe_to_fork() -> bool:
-    """Whether this process may become the fork server's image: no Python thread but this one, no
-    CUDA context (the native threads of a BLAS library, which torch's import starts, are in the
-    fresh server too: they handle fork)."""
+def _unsafe_to_fork() -> str:
+    """Why this process may not become the fork server's image ('' when it may): another Python
+    thread, or an initialised CUDA driver, which no fork of it could use (the native threads of a
+    BLAS library, which torch's import starts, are in the fresh server too: they handle fork)."""
     if threading.active_count() != 1:
-        return False
+        return "another thread runs in the run's process (a fork of it could inherit a lock mid-use)"
     torch = sys.modules.get("torch")
-    return torch is None or not torch.cuda.is_initialized()
+    if torch is not None and torch.cuda.is_initialized():
+        return "torch has initialised CUDA in the run's process (no child forked from it could use CUDA)"
+    from .cuda_driver import initialised
+
+    if initialised():
+        return "the CUDA driver is initialised in the run's process (no child forked from it could use CUDA)"
+    return ""
 
 
 def _ensure_running_as_fork(forkserver) -> None:

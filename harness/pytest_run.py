@@ -180,6 +180,11 @@ class ConformanceRun:
         run = self.plan.run
         lines = [f"conformance: {self.spec.name} ({self.spec.kind}) on {run['device']}, {len(self.plan.ids)} case(s) of "
                  f"the {describe(run['store'])}; config {run['config']}"]
+        if run["isolate"] and not self.overridden:
+            from .forkserver import how
+            from .report.header import children_line
+
+            lines.append(f"conformance: {children_line({'children': how()})}")
         if self.overrides:
             from .report.header import override_lines
 

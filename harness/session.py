@@ -9,6 +9,9 @@ Schema (version 1)::
                                  # owned, those pytest's -k/-m/--deselect left out (the plugin)
      stopped,                    # why the run ended early ('' when it ran to the end), not_run
      versions: {harness, torch, python, platform},
+     children: {start, server, why},  # how isolation children started: the start method, what the fork
+                                 # server is (a fork of the run's process, or a fresh interpreter) and why
+                                 # (harness/forkserver.py `how`); start `none` with --no-isolate
      store: {package, version, origin (package | checkout | custom), tier, manifest_sha256},  # harness/store.py
      config: {path, layered_on},  # the conformance.yaml read, and the default store's it was layered on
      overrides: [{key, value, default}],  # every tolerance, floor, timeout or switch the configuration
@@ -248,6 +251,7 @@ def summarise(config: Config, options: RunOptions, spec, results: list[dict], st
         "exit_code": exit_code,
         "versions": {"harness": __version__, "torch": torch.__version__, "python": sys.version.split()[0],
                      "platform": platform.platform()},
+        "children": children_of(options),
         "store": identity(config.goldens, config.tier),
         "config": {"path": str(config.path), "layered_on": str(config.layered_on) if config.layered_on else None},
         "overrides": config.overrides(spec.name),
@@ -260,6 +264,15 @@ def summarise(config: Config, options: RunOptions, spec, results: list[dict], st
         "stale_expectations": stale,
         "cases": sorted(results, key=lambda r: r["id"]),
     }
+
+
+def children_of(options: RunOptions) -> dict:
+    """How this run's isolation children started (`v41_conformance.forkserver.how`)."""
+    if not options.isolate:
+        return {"start": "none", "server": "none", "why": "--no-isolate: the implementation runs in the run's own process"}
+    from .forkserver import how
+
+    return how()
 
 
 def judge_components(results: list[dict], floors: dict[str, int], full_run: bool, stopped: str) -> tuple[dict, list[str]]:

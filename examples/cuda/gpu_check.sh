@@ -23,6 +23,10 @@
 #  10. outputs left on the GPU by a port run without --device (examples/cuda/left_on_device_check.py,
 #      tests/impls/wrong.py:LeftOnDevice): every case a `device error` naming the device, on
 #      components judged one by one and along a chain, and the run finishes.
+#  11. the fork trap (examples/cuda/fork_trap_check.py): the pytest plugin from a folder whose conftest
+#      calls torch.cuda.is_available(), and `conformance run --device cuda -n 2` from a `python -c` that
+#      called it first in the same process: the driver is initialised before any child exists, every
+#      case still passes, and results.json says the fork server was a fresh interpreter.
 # Each step runs under a time limit and logs to $OUT/<step>.log; a short summary comes last.
 #
 # Usage (from anywhere):  examples/cuda/gpu_check.sh
@@ -110,13 +114,14 @@ step tensorcores bash -c "'$PY' -m v41_conformance run --device cuda --impl exam
     '$PY' -m v41_conformance run --device cuda --tier production --impl examples/cuda/scaled_mm_impl.py:ScaledMmFp8 \
     --select 'attention/*,indexer/*' --timeout $LIMIT --report-dir '$OUT/tensorcores-production'" || failed=1
 step left-on-gpu "$PY" examples/cuda/left_on_device_check.py "$OUT/left-on-gpu" || failed=1
+step fork-trap "$PY" examples/cuda/fork_trap_check.py "$OUT/fork-trap" || failed=1
 
 echo
 echo "gpu_check summary"
 for i in "${!NAMES[@]}"; do
     printf '  %-10s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"
 done
-for name in cuda triton fp8 forked sticky production plugin tensorcores tensorcores-production; do
+for name in cuda triton fp8 forked sticky production plugin tensorcores tensorcores-production fork-trap/plugin fork-trap/cli; do
     if [ -f "$OUT/$name/results.json" ]; then
         "$PY" - "$OUT/$name/results.json" "$name" <<'EOF'
 import json, sys

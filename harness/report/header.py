@@ -22,3 +22,13 @@ def override_lines(doc: dict) -> list[str]:
     """One line per tolerance, floor, timeout or switch the configuration changed from the packaged
     defaults: `key: value (packaged: default)`."""
     return [f"{o['key']}: {_shown(o['value'])} (packaged: {_shown(o['default'])})" for o in doc.get("overrides") or ()]
+
+
+def children_line(doc: dict) -> str:
+    """How the run's isolation children started and why (results.json's `children`), '' without it."""
+    how = doc.get("children")
+    if not how:
+        return ""
+    if how["start"] == "none":
+        return f"children: none ({how['why']})"
+    return f"children: {how['start']}, the server {how['server']}: {how['why']}"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..differences import DIFFERENCES
-from .header import override_lines, verdict
+from .header import children_line, override_lines, verdict
 from .table import BAD, COLUMNS
 from .text import clean, failing_lines, kinds_first, kinds_line
 
@@ -19,6 +19,8 @@ def render_summary(doc: dict) -> str:
     lines = [f"## Conformance: `{_cell(doc['impl'])}` — {verdict(doc)}", "",
              f"device `{doc['device']}` · torch {doc['versions']['torch']} · harness {doc['versions']['harness']} · "
              f"{len(doc['cases'])} case(s) in {doc['duration_s']} s", ""]
+    if children_line(doc):
+        lines += [_cell(children_line(doc)), ""]
     if doc.get("stopped"):
         lines += [f"**stopped**: {_cell(doc['stopped'])}; {doc.get('not_run', 0)} case(s) not run", ""]
     changed = override_lines(doc)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..differences import DIFFERENCES
-from .header import override_lines, verdict
+from .header import children_line, override_lines, verdict
 from .text import EVIDENCE, clean, failing_lines, kinds_first, kinds_line
 
 COLUMNS = ("pass", "partial", "fail", "error", "crash", "timeout", "unsupported", "xfail", "xpass", "not_run")
@@ -20,6 +20,8 @@ def render_table(doc: dict, failures: int = 5) -> str:
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
     lines = [f"impl {doc['impl']} ({doc['impl_kind']}, device {doc['device']}): {verdict(doc)}"]
+    if children_line(doc):
+        lines.append(clean(children_line(doc)))
     changed = override_lines(doc)
     if changed:
         lines.append(f"configuration changes {len(changed)} packaged default(s):")
