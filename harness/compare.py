@@ -421,9 +421,10 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
         header.append(f"  {n_signed} element(s) differ in the sign of a zero (strict_signed_zeros)")
     if scaled:
         header.append(f"  the error is a scale of the logits: {name} moves as if every logit were times 1 "
-                      f"{'-' if logit[0] < 0 else '+'} {abs(logit[0]):.3g}, {abs(logit[1]):.3g} times the spread the probabilities' roundings give it "
-                      f"(allowed {LOGIT_Z_LIMIT:g}); check the softmax scale (held in bf16 it is 1 + 1.1e-4 at "
-                      "head_dim 128 and 512) and any log2(e) folded into it (docs/verdicts.md, \"The logit scale\")")
+                      f"{'-' if logit[0] < 0 else '+'} {abs(logit[0]):.3g}, {abs(logit[1]):.3g} times the spread the "
+                      f"probabilities' roundings give that direction (allowed {LOGIT_Z_LIMIT:g}); check the softmax "
+                      "scale (held in bf16 it is 1 - 1.1e-4 at head_dim 128 and 512), a log2(e) folded into it, and "
+                      "the sink's logit (docs/verdicts.md, \"The logit scale\")")
     header.append(_error_summary(e, ulps, ulp, max_ulps, max_abs, rel_l2, diff_fraction, counted, mask_failures,
                                  policy, policy.atol + policy.atol_rel * scale, precision, flips, allowed_rel_l2,
                                  margin))
