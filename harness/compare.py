@@ -468,7 +468,9 @@ def _error_summary(e: torch.Tensor, ulps: torch.Tensor, ulp: torch.Tensor, max_u
     over = f" over the {counted} element(s) finite on both sides" if mask_failures else ""
     share = f"{100 * diff_fraction:.3g}% of elements differ"
     if policy.max_diff_fraction < 1:
-        share += f" (allowed {100 * policy.max_diff_fraction:.3g}% of >= {STATISTIC_BASE}"
+        share += (f" (allowed {100 * policy.max_diff_fraction:.3g}% plus {SHARE_SIGMAS:g} standard deviations of that "
+                  f"count, at least {100 * policy.max_diff_fraction:.3g}% of {STATISTIC_BASE}: "
+                  f"{allowed_differing(counted + mask_failures, policy):.3g} element(s)")
         share += f", plus {flips:.3g} rounding flips the accumulator model expects)" if flips else ")"
     return f"  {worst}, max |diff| {max_abs:.3g}, {rel}{over}; {share}"
 
@@ -498,10 +500,25 @@ def small_output_rel_l2(allowed: float, counted: int, fmt: torch.dtype) -> float
 
 def differing_allowed(differing: int, numel: int, policy: Policy, flips: float = 0.0) -> bool:
     """Whether `differing` elements of `numel` are within the policy's `max_diff_fraction`, plus the
-    rounding flips the accumulator model expects (`_expected_flips`)."""
+    spread of such a count (a correct implementation's flips are a binomial count: SHARE_SIGMAS of its
+    standard deviation), plus the rounding flips the accumulator model expects (`_expected_flips`)."""
     if policy.max_diff_fraction >= 1.0:
         return True
-    return differing <= policy.max_diff_fraction * max(numel, STATISTIC_BASE) + FLIP_MARGIN * flips
+    return differing <= allowed_differing(numel, policy) + FLIP_MARGIN * flips
+
+
+# A correct implementation's differing elements are a binomial count: at the rate `max_diff_fraction`
+# allows, 6 of 192 elements (3.1%) came out on one fresh compressor case in 2,000 for upstream's own
+# arithmetic. The count may exceed the rate by this many of its standard deviations (11.6 of 192); a
+# cast moved after a norm (17-36% of elements) is still 11 or more of 64 against an allowance of 5.8.
+SHARE_SIGMAS = 4.0
+
+
+def allowed_differing(numel: int, policy: Policy) -> float:
+    """How many elements of `numel` may differ: the policy's share of them plus SHARE_SIGMAS standard
+    deviations of that count, and never fewer than the share of STATISTIC_BASE elements."""
+    mean = policy.max_diff_fraction * numel
+    return max(mean + SHARE_SIGMAS * math.sqrt(mean), policy.max_diff_fraction * STATISTIC_BASE)
 
 
 def _term_flips_note(name: str, expected: torch.Tensor, actual: torch.Tensor, diff: torch.Tensor, own: Any,

@@ -20,8 +20,8 @@ accepted unless `accept_signed_zeros` is false (an implementation's `strict_sign
   term, stored as `aux.<terms>` (elements that need it are counted as boundary flips: one term
   rounded the other way); then the global relative L2 error within `rel_l2` (of the error beyond
   the argument allowance, where there is one); and at most
-  `max_diff_fraction` of the elements (counted over no fewer than 256, so one small step's few
-  flips are not a large share) may differ at all. All must hold. The kind follows the
+  `max_diff_fraction` of the elements (plus 4 standard deviations of that binomial count, and never
+  fewer than that share of 256, so one small step's few flips are not a large share) may differ at all. All must hold. The kind follows the
   output's dtype: an fp32 output of a component declared `bf16` is judged as `f32`.
 - `quantised`: a quantiser's output (dequantised values, codes, packed codes or scale bytes)
   computed from rounded arithmetic. Exact, except that an element one representable step away is
@@ -174,7 +174,8 @@ class Policy:
             floor += f" + {self.term_ulps:g} bf16 ulp of {self.terms}" if self.term_ulps and self.terms else ""
             if self.accumulates:
                 floor += f" + 2^{1 - self.accumulator_bits:g} x |fp8 GEMM terms|"
-            share = f", <= {self.max_diff_fraction:g} of elements (of >= 256) differ" if self.max_diff_fraction < 1.0 else ""
+            share = (f", <= {self.max_diff_fraction:g} of elements (+ 4 sd of the count, >= that of 256) differ"
+                     if self.max_diff_fraction < 1.0 else "")
             if share and self.accumulates:
                 share += " beyond the accumulator's expected flips"
             pairs = " (ulps of the RoPE pair's norm in the rotated channels)" if self.pre_tail else ""

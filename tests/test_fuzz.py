@@ -174,13 +174,15 @@ def _forms_on_fresh_cases(component: str, seed: int, draws: int) -> list[tuple[s
 
 # The fixed-seed smoke of `benchmarks/fuzz_gates.py --all` (docs/verdicts.md, "Gates"): every GPU model,
 # attention core and GEMM order on fresh cases of the components they change most.
-FORM_SMOKE = [("sparse_attn", 4), ("attention", 1), ("indexer", 2), ("indexer.scores", 3), ("linear.fp8", 2),
-              ("compressor", 2), ("kv.finish", 2), ("norm.rms", 2)]
+# (component, seed, draws); attention's seed 71 draws a prefill of 40 and a decode step at a fifth of the
+# cost of seed 35's draw (16 forms run it).
+FORM_SMOKE = [("sparse_attn", 35, 4), ("attention", 71, 1), ("indexer", 35, 2), ("indexer.scores", 35, 3),
+              ("linear.fp8", 35, 2), ("compressor", 35, 2), ("kv.finish", 35, 2), ("norm.rms", 35, 2)]
 
 
-@pytest.mark.parametrize("component, draws", FORM_SMOKE, ids=[c for c, _ in FORM_SMOKE])
-def test_every_correct_form_passes_fresh_cases(component, draws):
-    bad = [v for v in _forms_on_fresh_cases(component, 35, draws) if v[2] not in ("pass", "unsupported")]
+@pytest.mark.parametrize("component, seed, draws", FORM_SMOKE, ids=[c for c, _, _ in FORM_SMOKE])
+def test_every_correct_form_passes_fresh_cases(component, seed, draws):
+    bad = [v for v in _forms_on_fresh_cases(component, seed, draws) if v[2] not in ("pass", "unsupported")]
     assert not bad, "\n".join(f"{i} {g}: {s}: {m[:400]}" for i, g, s, m in bad)
 
 
