@@ -109,6 +109,16 @@ def _attribute_problem(expected: torch.Tensor, actual: Any) -> str:
     return ""
 
 
+def _mask_failure(bad: torch.Tensor, what: str, expected: torch.Tensor, actual: torch.Tensor, lines: list[str]) -> int:
+    """How many elements `bad` marks; where any, a line saying so with the first of them."""
+    count = int(bad.sum())
+    if count:
+        first = tuple(bad.nonzero()[0].tolist())
+        lines.append(f"  {what} {count} element(s); first at {list(first)}: actual {_fmt(actual[first])}, "
+                     f"expected {_fmt(expected[first])}")
+    return count
+
+
 def absent_mask(expected: torch.Tensor, policy: Policy, context: dict[str, torch.Tensor]) -> torch.Tensor | None:
     """bool, the output's shape: the elements under a row whose ids (`policy.absent_rows`, [..., K] over the
     output's leading dims) are all -1. None when the policy names no ids or no row is absent."""
@@ -272,27 +282,13 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
         masks = {"NaN": (torch.isnan(e), torch.isnan(a)), "+inf": (e == float("inf"), a == float("inf")),
                  "-inf": (e == float("-inf"), a == float("-inf"))}
         for label, (me, ma) in masks.items():
-            bad = me != ma
-            if absent is not None:
-                bad &= ~absent
-            if bool(bad.any()):
-                mask_failures += int(bad.sum())
-                first = tuple(bad.nonzero()[0].tolist())
-                lines.append(
-                    f"  {label} positions differ at {int(bad.sum())} element(s); first at {list(first)}: "
-                    f"actual {_fmt(actual[first])}, expected {_fmt(expected[first])}"
-                )
+            bad = (me != ma) if absent is None else (me != ma) & ~absent
+            mask_failures += _mask_failure(bad, f"{label} positions differ at", expected, actual, lines)
         finite = torch.isfinite(e) & torch.isfinite(a)
         if absent is not None:
             bad = absent & ((a != 0) | (e != 0))  # NaN != 0 too
-            if bool(bad.any()):
-                mask_failures += int(bad.sum())
-                first = tuple(bad.nonzero()[0].tolist())
-                lines.append(
-                    f"  absent rows (every lane of {policy.absent_rows} is -1) must be exactly 0: {int(bad.sum())} "
-                    f"element(s) are not; first at {list(first)}: actual {_fmt(actual[first])}, expected "
-                    f"{_fmt(expected[first])}"
-                )
+            mask_failures += _mask_failure(bad, f"absent rows (every lane of {policy.absent_rows} is -1) must be "
+                                           "exactly 0: not at", expected, actual, lines)
             finite &= ~absent
         diff = torch.where(finite, (a - e).abs(), torch.zeros_like(e))
     tail = int(_param(params, policy.pre_tail)) if policy.pre_tail and params is not None else 0

@@ -40,8 +40,9 @@ def _run_in_process(args: tuple[str, ...], cwd: Path) -> subprocess.CompletedPro
     return subprocess.CompletedProcess(["conformance", *args], result.exit_code, result.stdout, result.stderr)
 
 
-def make_project(dest: Path, components: list[str] | None = None) -> Path:
-    """Copy conformance.yaml, cases and goldens (optionally only some components) into dest."""
+def make_project(dest: Path, components: list[str] | None = None, promoted: bool = True) -> Path:
+    """Copy conformance.yaml, cases and goldens (optionally only some components) into dest; without the
+    cases the fuzz once found (`cases/*_fuzz.yaml`, cases named fuzz-*) when not `promoted`."""
     shutil.copy(ROOT / "conformance.yaml", dest / "conformance.yaml")
     shutil.copytree(ROOT / "examples", dest / "examples", ignore=shutil.ignore_patterns("build", "__pycache__"))
     (dest / "cases").mkdir()
@@ -50,7 +51,7 @@ def make_project(dest: Path, components: list[str] | None = None) -> Path:
     keep = {}
     for case_id, entry in manifest["cases"].items():
         component = case_id.split("/")[0]
-        if components is None or component in components:
+        if (components is None or component in components) and (promoted or not case_id.split("/")[1].startswith("fuzz-")):
             keep[case_id] = entry
             target = dest / "goldens" / entry["file"]
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -59,7 +60,8 @@ def make_project(dest: Path, components: list[str] | None = None) -> Path:
     for path in (ROOT / "cases").glob("*.yaml"):
         text = path.read_text()
         first = text.split("\n", 1)[0]
-        if components is None or any(first == f"component: {c}" for c in components):
+        if (components is None or any(first == f"component: {c}" for c in components)) and \
+                (promoted or not path.name.endswith("_fuzz.yaml")):
             shutil.copy(path, dest / "cases" / path.name)
     return dest
 
