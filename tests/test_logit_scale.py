@@ -69,7 +69,8 @@ def test_a_softmax_scale_held_in_bf16_fails_at_o_where_the_case_resolves_it():
     assert "the error is a scale of the logits: o moves as if every logit were times 1 - 0.000" in result.message
     metrics = result.outputs["o"]
     assert abs(metrics["logit_scale"] + 1.1e-4) < 3e-5 and metrics["logit_scale_z"] < -6, metrics
-    # within the element-wise and rel L2 bounds: only the check tells it (a statistic of the whole output)
+    # within the element-wise and rel L2 bounds: only the check tells it (a statistic of the whole output).
+    # (The golden's data is fixed, so its z is too: 6.8 on any machine.)
     assert metrics["bound_used"] < 0.5 and metrics["rel_l2"] < 0.0078
 
 

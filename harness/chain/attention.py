@@ -34,7 +34,7 @@ import torch
 from ..accumulation import gemm_terms, through_rms_norm, through_rope
 from ..precision import EXACT, EXACT_ERROR
 from ..compare import OWN_PRE as OWN
-from ..logit_scale import DIRECTION, SPREAD, pair_spread, scale_context
+from ..logit_scale import DIRECTION, SPREAD, scale_context
 from ..reference import numerics as nx
 from ..reference.attention import LayerWeights, output_rank, rope_table, step_window_ids, window_part_length
 from ..reference.candidates import kept_block_ids, select_candidate_blocks
@@ -524,7 +524,7 @@ class AttentionChain:
                 ctx = scale_context("", q[mine][None], kv[None], w.attn_sink, ids[mine][None], cfg.softmax_scale)
                 turned = apply_rotary(ctx[DIRECTION], freqs[mine], rd, inverse=True)[0]  # o's own inverse RoPE
                 logit[DIRECTION].put(rows[mine], turned)
-                logit[SPREAD].put(rows[mine], pair_spread(ctx[SPREAD][0], rd))
+                logit[SPREAD].put(rows[mine], ctx[SPREAD][0])  # per row: a rotation keeps its inner products
             return apply_rotary(out[None], freqs, rd, inverse=True)[0]
 
         inputs = ("qr", "kv", "window_rows") + (("compressed_ids",) if c.role.ratio else ())
