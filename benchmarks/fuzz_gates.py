@@ -15,7 +15,8 @@ the edge). Failures are listed with the command that re-creates them.
                                     [--gates AllGpu,Fp8Tc14]
 
 --forms adds every attention core (PlainSoftmax, TiledFp32P, Tiles128, OnePassBf16P, the float64 sink
-column and sink factor) and the GEMM orders (Fp8K128, BlasBf16), each on the components it changes.
+column and sink factor), the GEMM orders (Fp8K128, BlasBf16) and the forms that drop one internal
+rounding (ExactHeadDots, ExactHeadProducts), each on the components it changes.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from v41_conformance.runner import CaseResult, judge_golden  # noqa: E402
 GATES, MAKERS = forms.SPECS, forms.MAKERS
 CPU_GATES = tuple(forms.CPU)
 STATUSES = ("pass", "fail", "error", "crash", "timeout")
-FORMS = (*forms.CORES, *forms.ORDERS)
+FORMS = (*forms.CORES, *forms.ORDERS, *forms.PRECISE)
 
 
 def main() -> None:

@@ -164,7 +164,7 @@ def _forms_on_fresh_cases(component: str, seed: int, draws: int) -> list[tuple[s
     for index in range(draws):
         case = draw(spaces()[component], seed, index)
         golden = build_golden(case.spec, config)
-        for name in (*forms.GPU, *forms.CORES, *forms.ORDERS):
+        for name in (*forms.GPU, *forms.CORES, *forms.ORDERS, *forms.PRECISE):
             if forms.reaches(name, component):
                 result = CaseResult(case.spec.id, component, "error")
                 judge_golden(get(component), golden, forms.MAKERS[name](), config, {}, result)

@@ -1,0 +1,59 @@
+"""Correct forms that drop one internal rounding of the reference at a time (more precision never fails,
+docs/verdicts.md "GPU arithmetic"); every output keeps its dtype and its final rounding.
+
+| form | the reference's rounding it drops |
+|---|---|
+| `ExactHeadDots` | each index head's dot product q.k rounded to bf16 before its ReLU (indexer.py) |
+| `ExactHeadProducts` | each head's ReLU'd dot times its weight rounded to bf16 before the head sum |
+| `TiledFp32P` (attention_cores.py) | sparse attention's P rounded to bf16 before P.V |
+
+Each replaces the reference's `indexer._scores_and_terms` (the scores; the term scales the verdict
+needs come from the reference), so it runs in `indexer`, `indexer.scores` and inside `attention`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from v41_conformance.adapters.reference import ReferenceAdapter
+from v41_conformance.diagnosis.patching import replaced
+
+TARGET = "v41_conformance.reference.indexer:_scores_and_terms"
+
+
+def index_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, round_dots: bool, round_products: bool):
+    """bf16 [b, S, T]: sum over heads of w_h relu(q_h . k), the dot exact (float64) then fp32, each of the
+    two intermediate bf16 roundings kept or dropped, the sum exact, one final rounding (-0 made +0)."""
+    dots = torch.einsum("bshd,btd->bsht", q.double(), k.double()).float()
+    s = (dots.to(torch.bfloat16).float() if round_dots else dots).relu()
+    p = s * w.float()[..., None]
+    p = p.to(torch.bfloat16).float() if round_products else p
+    return p.double().sum(dim=2).float().to(torch.bfloat16) + 0.0
+
+
+class _Dropped(ReferenceAdapter):
+    round_dots = True
+    round_products = True
+
+    def run(self, component, inputs, params):
+        def make(original):
+            def scores_and_terms(q, k, w, with_terms):
+                terms = original(q, k, w, True)[1] if with_terms else None
+                return index_scores(q, k, w, self.round_dots, self.round_products), terms
+
+            return scores_and_terms
+
+        with replaced(TARGET, make):
+            return super().run(component, inputs, params)
+
+
+class ExactHeadDots(_Dropped):
+    """Each head's dot product kept in fp32 into its ReLU and weight (one rounding fewer)."""
+
+    round_dots = False
+
+
+class ExactHeadProducts(_Dropped):
+    """Each head's weighted term kept in fp32 into the head sum (one rounding fewer)."""
+
+    round_products = False
