@@ -1,4 +1,4 @@
-"""Sparse attention's scale check: an error of `o` along the direction a logit scale moves it, measured
+"""Sparse attention's scale check (the `sparse_attn` component, whose q is the implementation's input): an error of `o` along the direction a logit scale moves it, measured
 against what the probabilities' own roundings can put there (docs/verdicts.md, "The logit scale").
 
 A correct attention core may round P to bf16 or not, against one max or a running one, in float64 or
@@ -19,6 +19,9 @@ model counts two roundings where it has one), a one-pass bf16-P core 0.34; a sca
 (1 - 1.1e-4) reaches 4.2 on those, 6.8 on `sparse_attn/logit-scale-d512-h16-m16-k128`. An element-wise
 spread (lanes' roundings independent across a row's elements) underestimates: a row of 7 lanes under
 a sink of 40 once put a correct core at 6.3 spreads of it (the fuzz, seed 35, index 1522).
+Inside `attention` it does not apply: `o` is re-derived there from the implementation's `qr` through
+the reference's wq_b GEMM, and the implementation's own GEMM error on q reads as a logit scale (a
+14-bit fp8 accumulator reached 8.3 spreads on a fresh decode step).
 """
 
 from __future__ import annotations

@@ -10,8 +10,7 @@ One call's stages, in order, with the decision each value is the input of:
     index_k_pre    RoPE(k_norm(wk(latent)))             the index keys' fp4 QDQ (key owners)
     index_q        RoPE(idx.wq_b(qr))                   the index query's fp4 round trip
     index_scores   visible scores of fp4(index_q)       top-k, candidate blocks
-    o              sparse attention, inverse RoPE       (continuous: judged by sparse_attn's policy and
-                                                        its logit-scale check, harness/logit_scale.py)
+    o              sparse attention, inverse RoPE       (continuous: judged by sparse_attn's policy)
     z              wo_a(o)                              act_quant of wo_b's input (fp8)
     out            wo_b(z)
 
@@ -34,7 +33,6 @@ import torch
 from ..accumulation import gemm_terms, through_rms_norm, through_rope
 from ..precision import EXACT, EXACT_ERROR
 from ..compare import OWN_PRE as OWN
-from ..logit_scale import DIRECTION, SPREAD, scale_context
 from ..reference import numerics as nx
 from ..reference.attention import LayerWeights, output_rank, rope_table, step_window_ids, window_part_length
 from ..reference.candidates import kept_block_ids, select_candidate_blocks
@@ -507,7 +505,6 @@ class AttentionChain:
         w, cfg = self._w(c), self.cfg
         h, hd, rd = cfg.n_heads, cfg.head_dim, cfg.rope_head_dim
         lanes = step_window_ids(c.start, c.S, cfg.window_size)
-        logit = {key: RowContext(c.name("o") + key, self.b * c.S, (h, hd)) for key in (DIRECTION, SPREAD)}
 
         def compute(rows):
             q = project(c.given["qr"].rows(rows), w.wq_b).unflatten(-1, (h, hd))
@@ -521,15 +518,10 @@ class AttentionChain:
                 mine = (rows // c.S) == bi
                 kv = self._kv_all(c, bi)
                 out[mine] = sparse_attn(q[mine][None], kv[None], w.attn_sink, ids[mine][None], cfg.softmax_scale)[0]
-                ctx = scale_context("", q[mine][None], kv[None], w.attn_sink, ids[mine][None], cfg.softmax_scale)
-                turned = apply_rotary(ctx[DIRECTION], freqs[mine], rd, inverse=True)[0]  # o's own inverse RoPE
-                logit[DIRECTION].put(rows[mine], turned)
-                logit[SPREAD].put(rows[mine], ctx[SPREAD][0])  # per row: a rotation keeps its inner products
             return apply_rotary(out[None], freqs, rd, inverse=True)[0]
 
         inputs = ("qr", "kv", "window_rows") + (("compressed_ids",) if c.role.ratio else ())
-        self._intermediate(c, "o", (self.b, c.S, h, hd), torch.bfloat16, compute, inputs,
-                           extra=lambda rows, values: {**logit[DIRECTION].extra(), **logit[SPREAD].extra()})
+        self._intermediate(c, "o", (self.b, c.S, h, hd), torch.bfloat16, compute, inputs)
 
     def _z(self, c: Call) -> None:
         w, cfg = self._w(c), self.cfg
