@@ -366,7 +366,10 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
             metrics["rel_l2_allowed"] = allowed_rel_l2
             if not mask_failures:
                 metrics["rel_l2_headroom"] = rel_l2 / allowed_rel_l2
-    margin = PRECISION_MARGIN
+    # the L2 distance from the exact value is a ratio of two L2 norms: over a few elements it can be anything
+    # (one cancelling index score: a form with one rounding fewer 6.8x farther than the reference happened
+    # to be), so its margin grows as sqrt(256 / n) too (128 scores: 1.59, where a bf16 head sum is 1.8)
+    margin = PRECISION_MARGIN * small_output_factor(counted)
     small = small_output_rel_l2(allowed_rel_l2, counted, fmt)
     if small > allowed_rel_l2:  # a statistic over a handful of elements decides little: the element bounds do
         allowed_rel_l2 = small
@@ -389,6 +392,7 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
         global_ok = False
     else:  # within the reference's rel L2, or (more precision) no farther from the exact value than it is
         global_ok = rel_l2 <= allowed_rel_l2 or (precision is not None and precision["exact_ratio"] <= margin)
+
     ok = (mask_failures == 0 and over_count == 0 and global_ok and not scaled
           and differing_allowed(differing, counted + mask_failures, policy, flips)
           and (policy.accept_signed_zeros or not n_signed))

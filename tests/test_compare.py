@@ -316,3 +316,19 @@ def test_a_statistic_over_a_handful_of_elements_decides_nothing_the_element_boun
     big = (1 + torch.rand(4096, generator=_gen(5))).to(torch.bfloat16)
     shifted = (big.double() + ulp_of(big, torch.bfloat16)).to(torch.bfloat16)  # 1 ulp everywhere: a bias
     assert not compare_output("s", big, shifted, BF16).ok  # from 256 elements on, rel L2 decides as before
+
+
+def test_the_precision_margin_of_a_small_output_follows_its_count():
+    """One index score that cancels over its heads (fuzz seed 35, index 497): a form with one rounding fewer
+    lands 6.8x farther from the exact value than the reference happened to, within what the reference's
+    own roundings may do there. A ratio of two one-element L2 norms is a coin: its 1.125 margin grows as
+    sqrt(256 / n) (18 here); 150x farther still fails."""
+    policy = Policy("bf16", ulps=1, rel_l2=2 ** -9, precision=True)
+    expected = torch.tensor([0.02490234375], dtype=torch.bfloat16)
+    context = {"s.exact": torch.tensor([0.024808883666992188], dtype=torch.float64),
+               "s.exact_error": torch.tensor([0.009450927376747131], dtype=torch.float64)}
+    one_fewer = torch.tensor([0.024169921875], dtype=torch.bfloat16)
+    verdict = compare_output("s", expected, one_fewer, policy, context)
+    assert verdict.ok and verdict.metrics["exact_ratio"] > 6, verdict.message
+    far = torch.tensor([0.0390625], dtype=torch.bfloat16)  # 0.014 from the exact value: beyond 0.0095
+    assert not compare_output("s", expected, far, policy, context).ok
