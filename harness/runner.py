@@ -227,9 +227,11 @@ def rejudged(component: Component, golden: Golden, actual: dict, params: dict, c
     except _Stopped as stopped:
         return Rejudged({stopped.name: False}, frozenset(changed), digest.hexdigest(), evidence, complete=False)
     ok = {s.name: bool(s.verdict.ok) for s in stages if upto is None or (step_of(s.name) or 0) <= upto}
-    away = frozenset(n for n in changed & set(outputs) if ok.get(n, False)
-                     and not moves_toward(golden.outputs[n], outputs[n], actual.get(n)))
-    return Rejudged(ok, frozenset(changed), digest.hexdigest(), evidence, away=away)
+    def nearer(name: str) -> bool:  # asked only of a failing output a pass would explain
+        return name not in changed or name not in outputs or \
+            moves_toward(golden.outputs[name], outputs[name], actual.get(name))
+
+    return Rejudged(ok, frozenset(changed), digest.hexdigest(), evidence, nearer=nearer)
 
 
 def moves_toward(before: torch.Tensor, after: torch.Tensor, answer: Any) -> bool:

@@ -94,12 +94,12 @@ def test_a_variant_that_passes_an_output_by_moving_it_away_from_the_answer_is_ne
     it passes the output without reproducing the implementation. Only a move toward the answer explains."""
     from v41_conformance.diagnosis import Rejudged, diagnose
 
-    def rejudge(away):
-        return lambda params, stop_on: Rejudged({"o": True}, frozenset({"o"}), "v", away=away)
+    def rejudge(toward: bool):
+        return lambda params, stop_on: Rejudged({"o": True}, frozenset({"o"}), "v", nearer=lambda name: toward)
 
-    accident = diagnose("sparse_attn", {"o": False}, {"softmax_scale": 0.125}, rejudge(frozenset({"o"})), 64)
+    accident = diagnose("sparse_attn", {"o": False}, {"softmax_scale": 0.125}, rejudge(False), 64)
     assert not accident.matches and accident.tried, accident
-    real = diagnose("sparse_attn", {"o": False}, {"softmax_scale": 0.125}, rejudge(frozenset()), 64)
+    real = diagnose("sparse_attn", {"o": False}, {"softmax_scale": 0.125}, rejudge(True), 64)
     assert real.matches
 
 

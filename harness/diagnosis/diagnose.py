@@ -42,9 +42,10 @@ class Rejudged:
     digest: str  # of every expected tensor: two variants with one digest compute the same on this case
     evidence: dict[str, float] = field(default_factory=dict)  # output -> bits of evidence of a tie-order match
     complete: bool = True  # False: stopped at the first failing output of those it was asked to stop on
-    # outputs whose expected value the variant moves but not toward the implementation's answer (no nearer to
-    # it than the golden's): passing there reproduces an accident of the golden, not the implementation
-    away: frozenset[str] = frozenset()
+    # output -> whether the variant moved its expected value toward the implementation's answer (asked only
+    # of the failing outputs a pass would explain; None: every move counts): a pass won by moving it away
+    # reproduces an accident of the golden, not the implementation
+    nearer: Callable[[str], bool] | None = None
 
 
 # (params for the reference, outputs to stop at when one fails) -> the case judged again under whatever
@@ -212,9 +213,9 @@ def diagnose(component: str, verdicts: dict[str, bool], params: dict, rejudge: R
 def _passes(judged: Rejudged, name: str) -> bool:
     """Whether `name` passes under the variant, having moved toward the implementation's answer (a variant
     that passes an output by moving its expected value away from the answer explains an accident of the
-    golden, never the implementation: `Rejudged.away`). An output a whole judgement did not record passes:
+    golden, never the implementation: `Rejudged.nearer`). An output a whole judgement did not record passes:
     it is judged only where what it is derived from fails (a candidate mask's kept blocks, say)."""
-    return judged.ok.get(name, judged.complete) and name not in judged.away
+    return judged.ok.get(name, judged.complete) and (judged.nearer is None or judged.nearer(name))
 
 
 def _evident(v: Variant, name: str, judged: Rejudged) -> bool:
