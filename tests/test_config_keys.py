@@ -33,6 +33,10 @@ REFERENCE = "v41_conformance.adapters.reference:ReferenceAdapter"
     (f"impls: {{k: {{python: '{REFERENCE}', expectations: [{{pattern: 'x*', status: fail, reason: r, resaon: s}}]}}}}\n",
      "impls.k: expectations[0]: unknown key(s) ['resaon']; allowed: pattern, status, reason"),
     ("floors: {quant.e2m2: 1}\n", "floors.quant.e2m2: no such component; allowed: default"),
+    # YAML alone lets a second block for the same component replace the first without a word
+    ("tolerances:\n  components:\n    kv.finish:\n      main_rope: {atol_rel: 0.001}\n"
+     "    kv.finish:\n      index_norm: {ulps: 3}\n",
+     "key 'kv.finish' appears twice (first at line 3); merge the two entries"),
 ])
 def test_a_key_that_names_nothing_is_refused_naming_the_file_and_the_allowed_keys(tmp_path, text, says):
     config = tmp_path / "conformance.yaml"
