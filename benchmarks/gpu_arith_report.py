@@ -47,7 +47,7 @@ import upstream_ops as up  # noqa: E402
 from v41_conformance.components.attention_steps import config_of  # noqa: E402
 from v41_conformance.config import load_config  # noqa: E402
 from v41_conformance.golden import read_manifest  # noqa: E402
-from v41_conformance.ids import matches, parse_select, split_case_id  # noqa: E402
+from v41_conformance.ids import matches, parse_select  # noqa: E402
 from v41_conformance.reference.indexer import index_scores as reference_index_scores  # noqa: E402
 from v41_conformance.reference.numerics import rms_norm as reference_rms_norm  # noqa: E402
 from v41_conformance.runner import run_case  # noqa: E402

@@ -29,8 +29,8 @@ import yaml
 from .cases import CaseSpec, concrete_specs, load_case_file
 from .config import Config
 from .errors import HarnessError, UsageError
-from .fuzz_sample import Sampled, draw, fuzz_name, sample, selected_spaces
-from .golden import encode, golden_path, manifest_entry, read_manifest, write_atomic, write_manifest
+from .fuzz_sample import Sampled, sample, selected_spaces
+from .golden import encode, golden_path, manifest_entry, write_atomic, write_manifest
 from .known import components
 from .report.headroom import output_group
 from .space import Space, shrink_candidates

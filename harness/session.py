@@ -72,7 +72,7 @@ from .ids import split_case_id
 from .plan import (DEFAULT_REPORT_DIR, RunOptions, case_costs, ids_digest, run_document,  # noqa: F401  (re-exported)
                    select_case_ids, shard_ids)
 from .known import components
-from .rundir import RunDir, rerun_dir
+from .rundir import RunDir
 from .runner import STATUSES
 from .store import identity
 

@@ -5,7 +5,6 @@ overrides, and two compiled programs driven from nothing but the catalogue and `
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import pytest

@@ -275,6 +275,7 @@ def test_the_rerun_command_reproduces_the_case_with_every_flag(tmp_path):
     report = tmp_path / "my reports"
     proc = run_cli("run", "--impl", f"{IMPLS}/wrong.py:TiesAwayE2M1", "--config", str(project / "conformance.yaml"),
                    "--timeout", "30", "--report-dir", str(report), "--no-isolate", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
     case = next(c for c in results(report)["cases"] if c["status"] == "fail")
     command = shlex.split(case["repro"])
     for flag in ("--config", "--timeout", "--report-dir", "--no-isolate"):

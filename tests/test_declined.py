@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import textwrap
 
-from conftest import ROOT, make_project, results, run_cli
+from conftest import make_project, results, run_cli
 
 from v41_conformance import Declined
 from v41_conformance.adapters.reference import ReferenceAdapter

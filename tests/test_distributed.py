@@ -22,7 +22,9 @@ import pytest
 
 from conftest import results, statuses
 from test_package import MIXED
-from wheel_env import installed  # noqa: F401  (the fixture)
+import wheel_env
+
+installed = wheel_env.installed  # the fixture
 
 pytestmark = [pytest.mark.distributed, pytest.mark.xdist_group("package")]
 

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import shutil
 import subprocess

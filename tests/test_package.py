@@ -24,7 +24,10 @@ import pytest
 
 from conftest import ROOT, results, statuses
 from v41_conformance.execution import CaseExecutor
-from wheel_env import MANIFEST, installed  # noqa: F401  (installed: the fixture, one wheel and venv per worker)
+import wheel_env
+from wheel_env import MANIFEST
+
+installed = wheel_env.installed  # the fixture: one wheel and venv per worker
 
 pytestmark = pytest.mark.xdist_group("package")  # one worker builds the environment (make test: --dist loadgroup)
 

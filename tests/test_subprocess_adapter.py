@@ -3,14 +3,13 @@ programs that break the protocol."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-from conftest import ROOT, make_project, results, run_cli, statuses
+from conftest import make_project, results, run_cli, statuses
 
 COMPONENTS = ["quant.e2m1", "quant.fp4_e8m0", "address.decode"]
 

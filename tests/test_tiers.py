@@ -8,7 +8,6 @@ flag reaches everything. `make test-production` builds and runs the whole tier.
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import pytest

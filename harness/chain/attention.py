@@ -485,7 +485,7 @@ class AttentionChain:
     def _kv_all(self, c: Call, bi: int) -> torch.Tensor:
         """bf16 [n, hd]: the rows call `c` attends for sequence `bi`: its window part, then the
         compressed rows it sees (docs/attention.md), as the chain knows them."""
-        cfg, S, win = self.cfg, c.S, self.cfg.window_size
+        S = c.S
         written = c.given["window_rows"].full[bi]  # [n, hd], positions max(start, end - win) .. end - 1
         n = written.shape[0]
         if c.start > 0 and S == 1:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..policy import Policy
-from .stages import ChainJudgement, Judge, StageVerdict, attribute_problem, explained
+from .stages import ChainJudgement, Judge, StageVerdict, attribute_problem
 
 
 def rows_of_blocks(blocks: torch.Tensor, width: int, block_size: int) -> torch.Tensor:

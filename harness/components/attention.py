@@ -20,7 +20,7 @@ import torch
 
 from ..cases import CaseSpec, seed_for
 from ..errors import CaseSpecError
-from ..reference.attention import LayerWeights, attention_step, init_weights
+from ..reference.attention import LayerWeights, attention_step, init_weights, window_part_length
 from ..reference.compressor import CompressorWeights
 from ..reference.config import PRODUCTION_TIER, TINY_A, AttnConfig, LayerRole, layer_roles
 from ..reference.fp8_linear import quantise_inputs, weight_input
@@ -32,7 +32,7 @@ from ..registry import TensorSpec as T
 from ..schedules import parse_schedule_name, schedule_name, validate_schedule
 from ..chain.attention import AttentionChain
 from .attention_steps import (BASE_WEIGHTS, SLOTS, call_weights, config_of, drive_layers, expected_outputs,
-                              intermediate_names, is_upstream_schedule, window_part_length)
+                              intermediate_names, is_upstream_schedule)
 from .build import normal
 from ..stepnames import step_name
 

@@ -23,7 +23,6 @@ import torch
 from ..adapters.base import Unsupported
 from ..reference.compressor import completed_groups, pending_state
 from ..reference.config import AttnConfig, LayerRole, layer_roles
-from ..reference.attention import window_part_length
 from ..reference.runtime import SLOTS, init_layer_state
 from ..runner import StepError, names_error
 from ..schedules import max_step, validate_schedule

@@ -281,7 +281,6 @@ def attention_step(layer: int, cfg: AttnConfig, weights: LayerWeights, state: La
     ids = torch.cat([win_ids, comp_ids], dim=-1)                              # [b, S, w + k]
     attn = sparse_attn(q, kv_all, w.attn_sink, ids, cfg.softmax_scale)        # [b, S, h, hd]
     o = apply_rotary(attn, freqs, rd, inverse=True)
-    wo_a = w.wo_a.view(cfg.o_groups, cfg.o_lora_rank, -1)                     # [g, r, h*hd/g]
     z = output_rank(o, w.wo_a, cfg)                                           # [b, S, g * r]
     out = project(z, w.wo_b)                                                  # [b, S, dim]
     dumps.update(kv=kv_all, attn=attn, o=o, z=z)

@@ -12,7 +12,6 @@ import torch
 
 import v41_conformance.reference.attention as ref_attention
 import v41_conformance.reference.sparse_attn as ref_sparse
-from v41_conformance import Unsupported
 from v41_conformance.adapters.reference import ReferenceAdapter
 from patching import patched
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import torch
 
 from v41_conformance.adapters.reference import ReferenceAdapter
 
