@@ -42,14 +42,23 @@ def implementations() -> dict:
     from gate_upstream import UpstreamTorch
     from wrong_attention import PlainSoftmax
 
-    return {"upstream": UpstreamTorch, "float64": Float64, "plain": PlainSoftmax,
-            "tiled-fp32p": attention_cores.TiledFp32P, "tiles128": attention_cores.Tiles128,
-            "one-pass": attention_cores.OnePassBf16P, "fp8-k128": gemm_orders.Fp8K128,
-            "blas-bf16": gemm_orders.BlasBf16}
+    return {
+        "upstream": UpstreamTorch,
+        "float64": Float64,
+        "plain": PlainSoftmax,
+        "tiled-fp32p": attention_cores.TiledFp32P,
+        "tiles128": attention_cores.Tiles128,
+        "one-pass": attention_cores.OnePassBf16P,
+        "fp8-k128": gemm_orders.Fp8K128,
+        "blas-bf16": gemm_orders.BlasBf16,
+    }
 
 
-CACHES = {"window_rows": ("kv", "window_pre", "fp8_ue8m0"), "compress_rows": ("compress_pre", "compress_pre", "fp4_e4m3"),
-          "index_k_rows": ("index_k_pre", "index_k_pre", "fp4_e8m0")}
+CACHES = {
+    "window_rows": ("kv", "window_pre", "fp8_ue8m0"),
+    "compress_rows": ("compress_pre", "compress_pre", "fp4_e4m3"),
+    "index_k_rows": ("index_k_pre", "index_k_pre", "fp4_e8m0"),
+}
 
 
 def needed_atol_rel(mine: torch.Tensor, ref: torch.Tensor, block: int, ulps: float, tail: int) -> float:
@@ -105,7 +114,7 @@ def main() -> None:
                     if out == "window_rows":
                         step, layer = step_layer.split(".")
                         ref = golden.aux[f"{step}.window_pre"][int(layer[1:])]
-                        mine = actual[rec][:, actual[rec].shape[1] - ref.shape[1]:]
+                        mine = actual[rec][:, actual[rec].shape[1] - ref.shape[1] :]
                     else:
                         ref, mine = golden.aux[f"{step_layer}.{aux}"], actual[rec]
                     need = max(need, needed_atol_rel(mine, ref, FORMATS[fmt].block, boundary.boundary_ulps, tail))

@@ -59,8 +59,10 @@ def main() -> None:
     on, off = replace(config, diagnosis_budget=args.budget), replace(config, diagnosis_budget=0)
     total_on = total_off = 0.0
     total_failing = 0
-    print(f"{'implementation':22s} {'failing':>7s} {'off s':>8s} {'on s':>8s} {'extra/case s':>12s} "
-          f"{'re-runs/case':>12s} {'worst case s':>12s}  named")
+    print(
+        f"{'implementation':22s} {'failing':>7s} {'off s':>8s} {'on s':>8s} {'extra/case s':>12s} "
+        f"{'re-runs/case':>12s} {'worst case s':>12s}  named"
+    )
     total_reruns = 0
     for label, impl, pattern in mix():
         ids = [c for c in sorted(manifest) if matches(c, parse_select(pattern))]
@@ -79,14 +81,18 @@ def main() -> None:
         reruns = [r.diagnosis["tried"] for r in failing if r.diagnosis]
         worst = args.budget * t_off / max(len(ids), 1)  # a re-run costs about one run of the case
         total_reruns += sum(reruns)
-        print(f"{label:22s} {len(failing):7d} {t_off:8.2f} {t_on:8.2f} {extra:12.3f} "
-              f"{sum(reruns) / max(len(reruns), 1):12.1f} {worst:12.2f}  {', '.join(named) or '-'}")
+        print(
+            f"{label:22s} {len(failing):7d} {t_off:8.2f} {t_on:8.2f} {extra:12.3f} "
+            f"{sum(reruns) / max(len(reruns), 1):12.1f} {worst:12.2f}  {', '.join(named) or '-'}"
+        )
         total_on, total_off, total_failing = total_on + t_on, total_off + t_off, total_failing + len(failing)
     per_case = (total_on - total_off) / max(total_failing, 1)
     print(f"{'all':22s} {total_failing:7d} {total_off:8.2f} {total_on:8.2f} {per_case:12.3f}")
-    print(f"100 failing cases of this mix pay {100 * per_case:.0f} CPU s for their diagnosis "
-          f"({total_reruns / max(total_failing, 1):.1f} re-runs per case, at most {args.budget} each); "
-          f"with the diagnosis on, this run took {total_on / max(total_off, 1e-9):.2f}x its time without")
+    print(
+        f"100 failing cases of this mix pay {100 * per_case:.0f} CPU s for their diagnosis "
+        f"({total_reruns / max(total_failing, 1):.1f} re-runs per case, at most {args.budget} each); "
+        f"with the diagnosis on, this run took {total_on / max(total_off, 1e-9):.2f}x its time without"
+    )
 
 
 if __name__ == "__main__":

@@ -32,11 +32,17 @@ SELECTS = ["quant.e2m1/*", "quant.*", "sparse_attn/*", "linear.fp8/*", "compress
 def wall(args: list[str]) -> float:
     with tempfile.TemporaryDirectory() as report:
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "v41_conformance", "run", "--impl", "reference", "--report-dir", report,
-                               *args], cwd=ROOT, capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "v41_conformance", "run", "--impl", "reference", "--report-dir", report, *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         elapsed = time.perf_counter() - start
     if proc.returncode != 0:
-        raise SystemExit(f"conformance run {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        raise SystemExit(
+            f"conformance run {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        )
     return elapsed
 
 
@@ -60,11 +66,26 @@ def restart_after_crash(repeats: int = 5) -> tuple[float, float, float]:
 
     config = load_config(ROOT / "conformance.yaml")
     with tempfile.TemporaryDirectory() as folder, RunDir(Path(folder)) as run_dir:
-        run = {"token": "bench", "run_dir": str(run_dir.path), "config": str(config.path), "tier": "small",
-               "goldens_dir": str(config.goldens), "cases_dir": str(config.cases), "device": "cpu", "timeout": 60,
-               "isolate": True, "workers": 1, "prefetch": False,
-               "impl": {"name": "segfaults", "kind": "python", "target": f"{ROOT}/tests/impls/wrong.py:Segfaults",
-                        "root": str(ROOT), "conf": {}}}
+        run = {
+            "token": "bench",
+            "run_dir": str(run_dir.path),
+            "config": str(config.path),
+            "tier": "small",
+            "goldens_dir": str(config.goldens),
+            "cases_dir": str(config.cases),
+            "device": "cpu",
+            "timeout": 60,
+            "isolate": True,
+            "workers": 1,
+            "prefetch": False,
+            "impl": {
+                "name": "segfaults",
+                "kind": "python",
+                "target": f"{ROOT}/tests/impls/wrong.py:Segfaults",
+                "root": str(ROOT),
+                "conf": {},
+            },
+        }
         executor = executor_for(run)
         ok, crash = "norm.rms/latent-6x128", "norm.rms/latent-4x512"
         executor.run(ok)  # the first child, the fork server
@@ -87,7 +108,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="skip the per-select -n auto table")
     args = parser.parse_args()
-    print(f"{os.cpu_count()} cores; best of {args.repeats}, alternating; wall seconds of `conformance run --impl reference`")
+    print(
+        f"{os.cpu_count()} cores; best of {args.repeats}, alternating; wall seconds of `conformance run --impl reference`"
+    )
 
     iso, plain = side_by_side([], ["--no-isolate"], args.repeats)
     print(f"1. full run, isolated {iso:.2f} s / --no-isolate {plain:.2f} s = {iso / plain:.2f} (target <= 1.15)")
@@ -97,15 +120,20 @@ def main() -> None:
     if not args.quick:
         worst = 0.0
         for pattern in SELECTS:
-            auto, serial = side_by_side(["-n", "auto", *select_args(pattern)], ["-n", "0", *select_args(pattern)],
-                                        args.repeats)
+            auto, serial = side_by_side(
+                ["-n", "auto", *select_args(pattern)], ["-n", "0", *select_args(pattern)], args.repeats
+            )
             worst = max(worst, auto / serial)
-            print(f"   --select {pattern or '(all)':<14} -n auto {auto:.2f} s / -n 0 {serial:.2f} s = {auto / serial:.2f}")
+            print(
+                f"   --select {pattern or '(all)':<14} -n auto {auto:.2f} s / -n 0 {serial:.2f} s = {auto / serial:.2f}"
+            )
         print(f"   worst -n auto / -n 0: {worst:.2f} (target <= 1.0; within noise of 1.0 where auto chose serial)")
 
     warm, after, restart = restart_after_crash()
-    print(f"3. child restart after a crash: a case in a warm child {warm * 1e3:.0f} ms, right after a crash "
-          f"{after * 1e3:.0f} ms: restart {restart:.3f} s (target <= 0.2 s)")
+    print(
+        f"3. child restart after a crash: a case in a warm child {warm * 1e3:.0f} ms, right after a crash "
+        f"{after * 1e3:.0f} ms: restart {restart:.3f} s (target <= 0.2 s)"
+    )
 
     import topk as topk_bench
 

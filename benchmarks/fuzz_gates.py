@@ -58,7 +58,10 @@ def main() -> None:
     args = parser.parse_args()
     config = load_config(ROOT / "conformance.yaml")
     chosen = [g for g in args.gates.split(",") if g] or [
-        *CPU_GATES, *(forms.GPU if args.gpu or args.all else ()), *(FORMS if args.forms or args.all else ())]
+        *CPU_GATES,
+        *(forms.GPU if args.gpu or args.all else ()),
+        *(FORMS if args.forms or args.all else ()),
+    ]
     unknown = sorted(set(chosen) - set(MAKERS))
     if unknown:
         parser.error(f"unknown gate(s) {unknown}; known: {', '.join(MAKERS)}")
@@ -98,26 +101,44 @@ def main() -> None:
                 if result.status not in ("pass", "unsupported"):
                     first = (result.message or "").splitlines()[:2]
                     print(f"# FAILED {gate_name} {case.spec.id} (index {index}): {result.status}", flush=True)
-                    failures.append(f"{gate_name} {case.spec.id}: {result.status}: {' / '.join(first)}\n"
-                                    f"    conformance fuzz --impl {GATES[gate_name]} --seed {args.seed} "
-                                    f"--index {index} --select {name}")
+                    failures.append(
+                        f"{gate_name} {case.spec.id}: {result.status}: {' / '.join(first)}\n"
+                        f"    conformance fuzz --impl {GATES[gate_name]} --seed {args.seed} "
+                        f"--index {index} --select {name}"
+                    )
         seconds[name] += time.perf_counter() - began
         judged = {g: t for (c, g), t in tally.items() if c == name and g != "-"}
-        print(f"# {name}: {seconds[name]:.0f} s, " + ", ".join(f"{g} {t['pass']}/{sum(t[k] for k in STATUSES)}"
-                                                             for g, t in sorted(judged.items())), flush=True)
+        print(
+            f"# {name}: {seconds[name]:.0f} s, "
+            + ", ".join(f"{g} {t['pass']}/{sum(t[k] for k in STATUSES)}" for g, t in sorted(judged.items())),
+            flush=True,
+        )
     elapsed = time.perf_counter() - started
-    print(f"{args.cases} fresh case(s) per component (draws {args.start}-{args.start + args.cases - 1}), seed {args.seed}, "
-          f"{elapsed:.0f} s; seconds per component: " + ", ".join(f"{n} {t:.0f}" for n, t in seconds.most_common()))
-    print(f"{'component':20s} {'gate':15s} {'pass':>5s} {'fail':>5s} {'other':>5s} "
-          + " ".join(f"{d.column:>6s}" for d in DIFFERENCES) + "  worst bound_used (share of elements differing) per output")
+    print(
+        f"{args.cases} fresh case(s) per component (draws {args.start}-{args.start + args.cases - 1}), seed {args.seed}, "
+        f"{elapsed:.0f} s; seconds per component: " + ", ".join(f"{n} {t:.0f}" for n, t in seconds.most_common())
+    )
+    print(
+        f"{'component':20s} {'gate':15s} {'pass':>5s} {'fail':>5s} {'other':>5s} "
+        + " ".join(f"{d.column:>6s}" for d in DIFFERENCES)
+        + "  worst bound_used (share of elements differing) per output"
+    )
     for (name, gate_name), t in sorted(tally.items()):
         if gate_name == "-":
             continue
-        other = sum(v for k, v in t.items() if k not in ("pass", "fail") and k in ("error", "crash", "timeout", "unsupported"))
-        used = ", ".join(f"{o} {u:.2f} ({share[(c, g, o)]:.1%})" for (c, g, o), u in sorted(worst.items())
-                         if c == name and g == gate_name)
-        print(f"{name:20s} {gate_name:15s} {t['pass']:5d} {t['fail']:5d} {other:5d} "
-              + " ".join(f"{t[d.column]:6d}" for d in DIFFERENCES) + f"  {used}")
+        other = sum(
+            v for k, v in t.items() if k not in ("pass", "fail") and k in ("error", "crash", "timeout", "unsupported")
+        )
+        used = ", ".join(
+            f"{o} {u:.2f} ({share[(c, g, o)]:.1%})"
+            for (c, g, o), u in sorted(worst.items())
+            if c == name and g == gate_name
+        )
+        print(
+            f"{name:20s} {gate_name:15s} {t['pass']:5d} {t['fail']:5d} {other:5d} "
+            + " ".join(f"{t[d.column]:6d}" for d in DIFFERENCES)
+            + f"  {used}"
+        )
     for failure in failures:
         print(f"\nFAILED {failure}")
 

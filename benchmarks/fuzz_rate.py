@@ -29,12 +29,21 @@ def main() -> None:
     args = parser.parse_args()
     config = load_config(ROOT / "conformance.yaml")
     with tempfile.TemporaryDirectory() as folder:
-        options = FuzzOptions(impl="reference", select=[], report_dir=Path(folder) / "fuzz", seed=args.seed,
-                              budget_s=args.budget, cases=None if args.budget else args.cases)
+        options = FuzzOptions(
+            impl="reference",
+            select=[],
+            report_dir=Path(folder) / "fuzz",
+            seed=args.seed,
+            budget_s=args.budget,
+            cases=None if args.budget else args.cases,
+        )
         doc = fuzz(config, options)
     stats = doc["fuzz"]["components"]
-    print(f"fuzz --impl reference, seed {args.seed}, "
-          + (f"budget {args.budget:g} s" if args.budget else f"{args.cases} cases") + f": {doc['duration_s']:.1f} s wall")
+    print(
+        f"fuzz --impl reference, seed {args.seed}, "
+        + (f"budget {args.budget:g} s" if args.budget else f"{args.cases} cases")
+        + f": {doc['duration_s']:.1f} s wall"
+    )
     print(f"{'component':<22} {'tried':>6} {'failed':>6} {'cases/s':>8}")
     for name, c in stats.items():
         print(f"{name:<22} {c['tried']:>6} {c['failed']:>6} {c['cases_per_s'] or 0:>8.1f}")

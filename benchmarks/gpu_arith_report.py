@@ -53,7 +53,7 @@ from v41_conformance.reference.numerics import rms_norm as reference_rms_norm  #
 from v41_conformance.runner import run_case  # noqa: E402
 from v41_conformance.ulps import ulp_of  # noqa: E402
 
-U_FP8, U_FP32 = 2.0 ** -13, 2.0 ** -24
+U_FP8, U_FP32 = 2.0**-13, 2.0**-24
 UPSTREAM_RMS_NORM = up.rms_norm
 NORMED = {"wq_a": ("q_norm", "qr"), "wkv": ("kv_norm", "kv (pre-RoPE)")}
 
@@ -61,12 +61,14 @@ NORMED = {"wq_a": ("q_norm", "qr"), "wkv": ("kv_norm", "kv (pre-RoPE)")}
 # --- the term-scale log ------------------------------------------------------------------------
 
 
-def ratio_stats(diff: torch.Tensor, allowance: torch.Tensor, scale: torch.Tensor,
-                ulp: torch.Tensor | None = None) -> dict:
+def ratio_stats(
+    diff: torch.Tensor, allowance: torch.Tensor, scale: torch.Tensor, ulp: torch.Tensor | None = None
+) -> dict:
     """max |diff| / scale, max (|diff| - allowance)+ / scale, and how many elements exceed the
     allowance (default: one ulp); the worst excess element's |diff|, its ulps, its scale. An element
     with scale 0 and a difference counts as infinite."""
     ulp = allowance if ulp is None else ulp
+
     def ratio(num):
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         return torch.where(scale > 0, num / safe, torch.where(num > 0, math.inf, 0.0))
@@ -75,9 +77,13 @@ def ratio_stats(diff: torch.Tensor, allowance: torch.Tensor, scale: torch.Tensor
         return {"r": 0.0, "rx": 0.0, "over1": 0, "n": 0}
     r, rx = ratio(diff), ratio((diff - allowance).clamp_min(0))
     worst = int(rx.flatten().argmax()) if float(rx.max()) > 0 else int(r.flatten().argmax())
-    return {"r": float(r.max()), "rx": float(rx.max()), "over1": int((diff > allowance).sum()), "n": diff.numel(),
-            "worst": (float(diff.flatten()[worst]), float((diff / ulp).flatten()[worst]),
-                      float(scale.flatten()[worst]))}
+    return {
+        "r": float(r.max()),
+        "rx": float(rx.max()),
+        "over1": int((diff > allowance).sum()),
+        "n": diff.numel(),
+        "worst": (float(diff.flatten()[worst]), float((diff / ulp).flatten()[worst]), float(scale.flatten()[worst])),
+    }
 
 
 def larger_ulp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -124,8 +130,7 @@ def fp8_stats(ops: ga.Fp8Operands, acc: torch.Tensor) -> dict:
     return stats, y, y_ref, scale
 
 
-def normed_stats(y: torch.Tensor, y_ref: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> dict:
+def normed_stats(y: torch.Tensor, y_ref: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor, eps: float) -> dict:
     """The ratio after RMSNorm, the GEMM's allowance carried through it: c = |weight| / rms(y_ref), and
     the excess is |diff| - 1 ulp of the normed value - c * 1 ulp of y_ref, over c * u * T."""
     mine, ref = UPSTREAM_RMS_NORM(y, weight, eps), reference_rms_norm(y_ref, weight, eps)
@@ -141,7 +146,7 @@ def logit_stats(component: str, q, k, w, out) -> dict:
     diff, ulp = (out.double() - ref.double()).abs(), ulp_of(ref, torch.bfloat16)
     stats = ratio_stats(diff, larger_ulp(out, ref), scale, ulp)
     heads = torch.einsum("bshd,btd->bsht", qq.double(), k.double()).relu().mul(w.double().abs().unsqueeze(-1)).sum(2)
-    rh = ratio_stats(diff, larger_ulp(out, ref), heads * 2.0 ** -8, ulp)
+    rh = ratio_stats(diff, larger_ulp(out, ref), heads * 2.0**-8, ulp)
     stats["rH"] = rh["rx"]
     return stats
 
@@ -220,7 +225,8 @@ def failing_lines(results: list) -> list[str]:
         if r.diagnosis and r.diagnosis.get("matches"):
             diagnosis = " diagnosis: " + ", ".join(
                 f"{m['variant']} ({m['identical']}/{m['outputs']} identical, {m['explained']} explained)"
-                for m in r.diagnosis["matches"])
+                for m in r.diagnosis["matches"]
+            )
         lines.append(f"  {r.id}: {r.status}, first divergent {r.first_divergent_stage or '-'}{diagnosis}")
         if r.status != "fail":
             lines.append("    " + r.message.splitlines()[0] if r.message else "")
@@ -243,15 +249,20 @@ def failing_lines(results: list) -> list[str]:
             numel = sum(m.get("numel", 0) for _, m in items)
             calls = f" x{len(items)} calls (first {items[0][0]})" if len(items) > 1 else f" ({items[0][0]})"
             if "max_ulps" not in m0:  # index / exact / quantised outputs: their own metrics
-                keys = {k: v for k, v in m0.items() if k not in ("ok", "policy", "message", "ulps_histogram", "note")
-                        and not isinstance(v, (dict, list))}
+                keys = {
+                    k: v
+                    for k, v in m0.items()
+                    if k not in ("ok", "policy", "message", "ulps_histogram", "note")
+                    and not isinstance(v, (dict, list))
+                }
                 lines.append(f"    {stage}{calls}: {keys}")
                 continue
             lines.append(
                 f"    {stage}{calls}: max_ulps {fmt(worst('max_ulps'))}, bound_used {fmt(worst('bound_used'))}, "
                 f"rel_l2 {fmt(worst('rel_l2'))} (allowed {fmt(allowed_l2)}), "
                 f"diff_fraction {fmt(worst('diff_fraction'))} "
-                f"(allowed {share}), mismatched {mism} / {numel}, max_abs {fmt(worst('max_abs_err'))}")
+                f"(allowed {share}), mismatched {mism} / {numel}, max_abs {fmt(worst('max_abs_err'))}"
+            )
     return lines
 
 
@@ -270,10 +281,13 @@ def headroom_lines(results: list) -> list[str]:
                 value = m.get(key)
                 if value is not None and value > w[key]:
                     w[key] = value
-    lines = [f"    {c} {stage}: {int(w['differ'])}/{int(w['outputs'])} outputs differ; worst bound_used "
-             f"{fmt(w['bound_used'])}, rel_l2/allowed {fmt(w['rel_l2_headroom'])}, diff_fraction "
-             f"{fmt(w['diff_fraction'])}, max_ulps {fmt(w['max_ulps'])}"
-             for (c, stage), w in sorted(worst.items()) if w["differ"]]
+    lines = [
+        f"    {c} {stage}: {int(w['differ'])}/{int(w['outputs'])} outputs differ; worst bound_used "
+        f"{fmt(w['bound_used'])}, rel_l2/allowed {fmt(w['rel_l2_headroom'])}, diff_fraction "
+        f"{fmt(w['diff_fraction'])}, max_ulps {fmt(w['max_ulps'])}"
+        for (c, stage), w in sorted(worst.items())
+        if w["differ"]
+    ]
     if not lines:
         return []
     return ["  bounds used (every output, passing ones included; only stages that differ anywhere):"] + lines
@@ -282,9 +296,11 @@ def headroom_lines(results: list) -> list[str]:
 def term_lines(log: TermLog, results: list) -> list[str]:
     status = {r.id: r.status for r in results}
     lines = []
-    for kind, title in (("fp8", "fp8 GEMM outputs, u = 2^-13"),
-                        ("fp8-normed", "after RMSNorm (wq_a -> qr, wkv -> kv before RoPE), u = 2^-13 carried"),
-                        ("logits", "index logits, u = 2^-24")):
+    for kind, title in (
+        ("fp8", "fp8 GEMM outputs, u = 2^-13"),
+        ("fp8-normed", "after RMSNorm (wq_a -> qr, wkv -> kv before RoPE), u = 2^-13 carried"),
+        ("logits", "index logits, u = 2^-24"),
+    ):
         rows = [(case, label, s) for (case, k, label), s in log.entries.items() if k == kind]
         if not rows:
             continue
@@ -296,15 +312,20 @@ def term_lines(log: TermLog, results: list) -> list[str]:
             extra += f", rH>1ulp {fmt(s['rH'])}" if "rH" in s else ""
             at = f" at {worst[3]}" if worst and worst[3] else ""
             detail = f"; worst{at}: |d| {worst[0]:.3g} = {worst[1]:.3g} ulp, u*T {worst[2]:.3g}" if worst else ""
-            lines.append(f"    {case} [{status.get(case, '?')}] {label}: r {fmt(s['r'])}, "
-                         f"r>1ulp {fmt(s['rx'])}{extra}, "
-                         f">1ulp {s['over1']} / {s['n']}{detail}")
+            lines.append(
+                f"    {case} [{status.get(case, '?')}] {label}: r {fmt(s['r'])}, "
+                f"r>1ulp {fmt(s['rx'])}{extra}, "
+                f">1ulp {s['over1']} / {s['n']}{detail}"
+            )
         overall: dict[str, dict] = defaultdict(dict)
         for (case, label), s in per_label.items():
             merge(overall[label], {k: v for k, v in s.items() if k != "calls"})
-        summary = "; ".join(f"{label} r {fmt(s['r'])} r>1ulp {fmt(s['rx'])}"
-                            + (f" r_f32 {fmt(s['r_f32'])}" if "r_f32" in s else "")
-                            + (f" rH>1ulp {fmt(s['rH'])}" if "rH" in s else "") for label, s in sorted(overall.items()))
+        summary = "; ".join(
+            f"{label} r {fmt(s['r'])} r>1ulp {fmt(s['rx'])}"
+            + (f" r_f32 {fmt(s['r_f32'])}" if "r_f32" in s else "")
+            + (f" rH>1ulp {fmt(s['rH'])}" if "rH" in s else "")
+            for label, s in sorted(overall.items())
+        )
         lines.append(f"    max over cases: {summary}")
     return lines
 
@@ -314,10 +335,18 @@ def main() -> int:
     parser.add_argument("--tier", default="small", choices=("small", "production"))
     parser.add_argument("--impl", action="append", help="gate or mutant names (default: all)")
     parser.add_argument("--select", action="append", help="case id patterns (default: every case)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (default torch's; 1 is faster on a busy machine: the models run small ops)")
-    parser.add_argument("--diagnosis-budget", type=float, default=None,
-                        help="seconds per failing case for the harness's diagnosis (default 5 small, 0 production)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default torch's; 1 is faster on a busy machine: the models run small ops)",
+    )
+    parser.add_argument(
+        "--diagnosis-budget",
+        type=float,
+        default=None,
+        help="seconds per failing case for the harness's diagnosis (default 5 small, 0 production)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -332,8 +361,10 @@ def main() -> int:
     unknown = [n for n in names if n not in impls]
     if unknown:
         parser.error(f"unknown implementation(s) {unknown}; known: {', '.join(impls)}")
-    print(f"# GPU arithmetic against the harness as it is: tier {args.tier}, {len(cases)} case(s), "
-          f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
+    print(
+        f"# GPU arithmetic against the harness as it is: tier {args.tier}, {len(cases)} case(s), "
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
+    )
     summary = []
     for name in names:
         cls, what = impls[name]
@@ -351,14 +382,23 @@ def main() -> int:
         for r in results:
             counts[r.status] += 1
         failing = {c: s for c, s in by_component.items() if any(k not in ("pass", "unsupported", "partial") for k in s)}
-        bad = {c: sum(v for k, v in s.items() if k not in ("pass", "unsupported", "partial"))
-               for c, s in failing.items()}
+        bad = {
+            c: sum(v for k, v in s.items() if k not in ("pass", "unsupported", "partial")) for c, s in failing.items()
+        }
         summary.append((name, what, dict(counts), {c: f"{bad[c]}/{sum(s.values())}" for c, s in failing.items()}))
         print(f"\n## {name}: {what} ({cls.__doc__.strip().splitlines()[0]}) [{elapsed:.0f} s]")
         print("  " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-        print("  per component: " + ("; ".join(
-            f"{c} " + " ".join(f"{k} {v}" for k, v in sorted(s.items())) for c, s in sorted(by_component.items())
-            if set(s) != {"pass"} or c in failing) or "every case passes"))
+        print(
+            "  per component: "
+            + (
+                "; ".join(
+                    f"{c} " + " ".join(f"{k} {v}" for k, v in sorted(s.items()))
+                    for c, s in sorted(by_component.items())
+                    if set(s) != {"pass"} or c in failing
+                )
+                or "every case passes"
+            )
+        )
         for line in failing_lines(results):
             print(line)
         for line in headroom_lines(results) + term_lines(log, results):
@@ -367,8 +407,10 @@ def main() -> int:
     print("\n## Summary: which components fail (failed / cases)")
     for name, what, counts, failing in summary:
         fails = ", ".join(f"{c} {v}" for c, v in sorted(failing.items())) or "none"
-        print(f"  {name:24s} {what:40s} pass {counts.get('pass', 0):3d}, fail {counts.get('fail', 0):3d}, "
-              f"other {sum(v for k, v in counts.items() if k not in ('pass', 'fail')):3d} | failing: {fails}")
+        print(
+            f"  {name:24s} {what:40s} pass {counts.get('pass', 0):3d}, fail {counts.get('fail', 0):3d}, "
+            f"other {sum(v for k, v in counts.items() if k not in ('pass', 'fail')):3d} | failing: {fails}"
+        )
     return 0
 
 

@@ -41,8 +41,18 @@ def main() -> None:
     torch_only = [sys.executable, "-c", "import torch"]
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as report:
-        one_case = [sys.executable, "-m", "v41_conformance", "run", "--impl", "reference", "--select", args.select,
-                    "--report-dir", report]
+        one_case = [
+            sys.executable,
+            "-m",
+            "v41_conformance",
+            "run",
+            "--impl",
+            "reference",
+            "--select",
+            args.select,
+            "--report-dir",
+            report,
+        ]
         wall(one_case)  # the page cache and the regenerated-input cache, as after any earlier run
         runs, imports = [], []
         for _ in range(args.repeats):

@@ -46,8 +46,11 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, command in runs.items():
                 walls[name].append(timed(command, folder))
-    probe = subprocess.run([sys.executable, "-c", "import sys, v41_conformance.pytest_cases; print('torch' in sys.modules)"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys, v41_conformance.pytest_cases; print('torch' in sys.modules)"],
+        capture_output=True,
+        text=True,
+    )
     medians = {name: statistics.median(values) for name, values in walls.items()}
     print(f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
     print(f"median with the plugin    {medians['with']:.3f} s  (min {min(walls['with']):.3f})")

@@ -70,8 +70,10 @@ def main() -> None:
     manifest = read_manifest(config.goldens)
     chosen = [c for c in sorted(manifest) if matches(c, parse_select(args.select))]
     if not chosen:
-        sys.exit(f"no production golden matches {args.select!r}: build them first (make test-production, or "
-                 "conformance generate --tier production --select ...)")
+        sys.exit(
+            f"no production golden matches {args.select!r}: build them first (make test-production, or "
+            "conformance generate --tier production --select ...)"
+        )
     print(f"{'case':48s} {'load':>6s} {'ref':>7s} {'replay':>7s} {'perturb':>8s} {'own/ref':>8s}  verdicts")
     for case_id in chosen:
         load_s, golden = seconds(lambda: load_verified(config.goldens, case_id, manifest, config.generate_command))
@@ -87,8 +89,11 @@ def main() -> None:
             times.append(spent)
             verdicts.append(result.status)
         own = load_s + times[1]
-        print(f"{case_id:48s} {load_s:6.2f} {ref_s:7.2f} {times[0]:7.2f} {times[1]:8.2f} {own / ref_s:8.3f}  "
-              f"{'/'.join(verdicts)}" + ("" if own / ref_s <= AIM else f"  (over the aim {AIM})"), flush=True)
+        print(
+            f"{case_id:48s} {load_s:6.2f} {ref_s:7.2f} {times[0]:7.2f} {times[1]:8.2f} {own / ref_s:8.3f}  "
+            f"{'/'.join(verdicts)}" + ("" if own / ref_s <= AIM else f"  (over the aim {AIM})"),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

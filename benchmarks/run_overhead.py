@@ -70,7 +70,10 @@ def regenerated_files(path: Path) -> list[Path]:
     root = cache.cache_dir()
     if root is None:
         return []
-    return [root / CACHE_KIND / want["sha256"][:2] / want["sha256"] for want in (meta.get("regenerated_inputs") or {}).values()]
+    return [
+        root / CACHE_KIND / want["sha256"][:2] / want["sha256"]
+        for want in (meta.get("regenerated_inputs") or {}).values()
+    ]
 
 
 def main() -> None:
@@ -120,15 +123,21 @@ def main() -> None:
     runner = statistics.median(b for _, b in pairs)
     ratio = statistics.median(b / a for a, b in pairs)
     total_bytes = sum(p.stat().st_size for p in paths) + sum(p.stat().st_size for p in extra if p.exists())
-    print(f"malloc: {'freed memory kept, as conformance run does' if tuned else 'glibc defaults'}; "
-          f"garbage collector: {'defaults' if args.gc_defaults else 'settled, as an isolation child does'}")
-    print(f"{args.tier} tier: {len(ids)} goldens, {total_bytes / 1e6:.2f} MB ({len(extra)} regenerated inputs from the cache); "
-          f"first runner pass {first:.3f} s (cold)")
+    print(
+        f"malloc: {'freed memory kept, as conformance run does' if tuned else 'glibc defaults'}; "
+        f"garbage collector: {'defaults' if args.gc_defaults else 'settled, as an isolation child does'}"
+    )
+    print(
+        f"{args.tier} tier: {len(ids)} goldens, {total_bytes / 1e6:.2f} MB ({len(extra)} regenerated inputs from the cache); "
+        f"first runner pass {first:.3f} s (cold)"
+    )
     print(f"load average {before[0]:.2f} before, {after[0]:.2f} after ({os.cpu_count()} cores); {args.repeats} pairs")
     print(f"load only : {1e3 * load / len(ids):8.3f} ms/case  (median {load:.3f} s total)")
     print(f"runner    : {1e3 * runner / len(ids):8.3f} ms/case  (median {runner:.3f} s total)")
-    print(f"ratio runner/load: {ratio:.2f}x, median of {args.repeats} side-by-side pairs "
-          f"(min {min(b / a for a, b in pairs):.2f}x; target <= 3x)")
+    print(
+        f"ratio runner/load: {ratio:.2f}x, median of {args.repeats} side-by-side pairs "
+        f"(min {min(b / a for a, b in pairs):.2f}x; target <= 3x)"
+    )
 
 
 if __name__ == "__main__":

@@ -69,32 +69,40 @@ def report_probe() -> bool:
     t0 = time.perf_counter()
     passed = torch_topk_matches()  # the first call in this process runs the probe
     took = time.perf_counter() - t0
-    print(f"probe: {'passed' if passed else 'FAILED'} in {took * 1e3:.1f} ms "
-          f"({'torch.topk' if passed else 'the emulation'} serves the probed CPU dtypes; "
-          f"CONFORMANCE_TOPK={topk_mode()})")
+    print(
+        f"probe: {'passed' if passed else 'FAILED'} in {took * 1e3:.1f} ms "
+        f"({'torch.topk' if passed else 'the emulation'} serves the probed CPU dtypes; "
+        f"CONFORMANCE_TOPK={topk_mode()})"
+    )
     return passed
 
 
 def report_emulation(cases: list[tuple[str, int, int, torch.Tensor]], repeats: int) -> None:
     print(f"\nemulation (emulate_topk) vs torch.topk; best of {repeats}; per row")
-    print(f"{'row':>5} {'n':>6} {'k':>5} {'sorted':>6} {'branch':>7} | {'emulation':>10} {'Melem/s':>8} | "
-          f"{'torch':>9} {'Melem/s':>8} | {'ratio':>6}")
+    print(
+        f"{'row':>5} {'n':>6} {'k':>5} {'sorted':>6} {'branch':>7} | {'emulation':>10} {'Melem/s':>8} | "
+        f"{'torch':>9} {'Melem/s':>8} | {'ratio':>6}"
+    )
     for kind, n, k, x in cases:
         for sorted_ in (False, True):
             emu = best_of(lambda: emulate_topk(x, k, sorted=sorted_), repeats)
             ref = best_of(lambda: torch.topk(x, k, sorted=sorted_), repeats)
             branch = "partial" if uses_partial_sort(n, k) else "nth"
-            print(f"{kind:>5} {n:>6} {k:>5} {str(sorted_):>6} {branch:>7} | "
-                  f"{emu * 1e3:>8.3f}ms {n / emu / 1e6:>8.2f} | "
-                  f"{ref * 1e6:>7.1f}us {n / ref / 1e6:>8.1f} | {emu / ref:>5.0f}x")
+            print(
+                f"{kind:>5} {n:>6} {k:>5} {str(sorted_):>6} {branch:>7} | "
+                f"{emu * 1e3:>8.3f}ms {n / emu / 1e6:>8.2f} | "
+                f"{ref * 1e6:>7.1f}us {n / ref / 1e6:>8.1f} | {emu / ref:>5.0f}x"
+            )
 
 
 def report_production(repeats: int, passed: bool) -> None:
     """Dispatcher / torch.topk and the emulation's time on the production rows."""
     target = f"target <= {DISPATCH_TARGET}" if passed else "probe failed: the emulation serves these"
     print(f"\nreference top-k (torch_cpu_topk) / torch.topk on the production rows; best of {repeats}; {target}")
-    print(f"{'row':>5} {'n':>6} {'k':>5} {'sorted':>6} | {'dispatcher':>10} {'torch':>9} {'ratio':>6} | "
-          f"{'emulation':>10} {'Melem/s':>8}")
+    print(
+        f"{'row':>5} {'n':>6} {'k':>5} {'sorted':>6} | {'dispatcher':>10} {'torch':>9} {'ratio':>6} | "
+        f"{'emulation':>10} {'Melem/s':>8}"
+    )
     for kind, n, k, x in rows():
         if (n, k) not in PRODUCTION:
             continue
@@ -102,8 +110,10 @@ def report_production(repeats: int, passed: bool) -> None:
             used = best_of(lambda: torch_cpu_topk(x, k, sorted=sorted_), repeats)
             ref = best_of(lambda: torch.topk(x, k, sorted=sorted_), repeats)
             emu = best_of(lambda: emulate_topk(x, k, sorted=sorted_), max(3, repeats // 4))
-            print(f"{kind:>5} {n:>6} {k:>5} {str(sorted_):>6} | {used * 1e6:>8.1f}us {ref * 1e6:>7.1f}us "
-                  f"{used / ref:>6.2f} | {emu * 1e3:>8.3f}ms {n / emu / 1e6:>8.2f}")
+            print(
+                f"{kind:>5} {n:>6} {k:>5} {str(sorted_):>6} | {used * 1e6:>8.1f}us {ref * 1e6:>7.1f}us "
+                f"{used / ref:>6.2f} | {emu * 1e3:>8.3f}ms {n / emu / 1e6:>8.2f}"
+            )
 
 
 def production_summary(repeats: int = 20) -> None:

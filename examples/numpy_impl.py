@@ -23,7 +23,9 @@ def e2m1_codes(v: np.ndarray) -> np.ndarray:
     best = dist.min(axis=-1, keepdims=True)
     tied = dist == best
     # among tied neighbours prefer the even code index
-    index = np.where(tied[..., ::2].any(axis=-1), np.argmax(tied & (np.arange(8) % 2 == 0), axis=-1), np.argmax(tied, axis=-1))
+    index = np.where(
+        tied[..., ::2].any(axis=-1), np.argmax(tied & (np.arange(8) % 2 == 0), axis=-1), np.argmax(tied, axis=-1)
+    )
     sign = np.signbit(v).astype(np.uint8) << 3
     return (index.astype(np.uint8) | sign).astype(np.uint8)
 
@@ -55,13 +57,16 @@ class NumpyImpl:
     def _quant_fp4_e8m0(self, inputs, params):
         x = inputs["x"].float().numpy()
         blocks = x.reshape(*x.shape[:-1], -1, 32)
-        amax = np.maximum(np.abs(blocks).max(axis=-1, keepdims=True), np.float32(6 * 2.0 ** -126))
+        amax = np.maximum(np.abs(blocks).max(axis=-1, keepdims=True), np.float32(6 * 2.0**-126))
         scale = pow2_ceil(amax * np.float32(1 / 6))
         codes = e2m1_codes(np.clip(blocks / scale, -6, 6))
         y = (e2m1_values(codes) * scale).reshape(x.shape)
         scale_bytes = (scale.view(np.uint32) >> 23).astype(np.uint8)[..., 0]
-        return {"y": torch.from_numpy(y).to(torch.bfloat16), "codes": torch.from_numpy(codes.reshape(x.shape)),
-                "scale_bytes": torch.from_numpy(scale_bytes)}
+        return {
+            "y": torch.from_numpy(y).to(torch.bfloat16),
+            "codes": torch.from_numpy(codes.reshape(x.shape)),
+            "scale_bytes": torch.from_numpy(scale_bytes),
+        }
 
     def _linear_f32(self, inputs, params):
         return {"y": torch.from_numpy(inputs["x"].numpy() @ inputs["w"].numpy().T)}

@@ -116,8 +116,9 @@ def _e2m1_kernel(v_ptr, code_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _fp4_qdq_kernel(x_ptr, y_ptr, code_ptr, scale_ptr, nblocks,
-                    BLOCK: tl.constexpr, ROWS: tl.constexpr, E4M3: tl.constexpr):
+def _fp4_qdq_kernel(
+    x_ptr, y_ptr, code_ptr, scale_ptr, nblocks, BLOCK: tl.constexpr, ROWS: tl.constexpr, E4M3: tl.constexpr
+):
     """One program: ROWS consecutive quantisation blocks of BLOCK elements (x fp32, bf16-exact)."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [ROWS]
     row_ok = rows < nblocks
@@ -144,28 +145,36 @@ def _fp4_qdq_kernel(x_ptr, y_ptr, code_ptr, scale_ptr, nblocks,
 
 
 @triton.jit
-def _index_scores_kernel(q_ptr, k_ptr, w_ptr, out_ptr, S, T, H, D,
-                         BS: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+def _index_scores_kernel(
+    q_ptr, k_ptr, w_ptr, out_ptr, S, T, H, D, BS: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr
+):
     """One program: a [BS queries, BT keys] tile of batch row b; q [b,S,H,D], k [b,T,D], w [b,S,H]."""
     b = tl.program_id(0)
     s_idx = tl.program_id(1) * BS + tl.arange(0, BS)  # [BS]
     t_idx = tl.program_id(2) * BT + tl.arange(0, BT)  # [BT]
     d_idx = tl.arange(0, BD)  # [BD]
     s_ok, t_ok, d_ok = s_idx < S, t_idx < T, d_idx < D
-    k = tl.load(k_ptr + (b * T + t_idx[:, None]).to(tl.int64) * D + d_idx[None, :],
-                mask=t_ok[:, None] & d_ok[None, :], other=0.0)  # [BT, BD]
+    k = tl.load(
+        k_ptr + (b * T + t_idx[:, None]).to(tl.int64) * D + d_idx[None, :],
+        mask=t_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )  # [BT, BD]
     kt = tl.trans(k)  # [BD, BT]
     total = tl.zeros((BS, BT), dtype=tl.float32)
     for h in range(0, H):
-        q = tl.load(q_ptr + ((b * S + s_idx[:, None]) * H + h).to(tl.int64) * D + d_idx[None, :],
-                    mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # [BS, BD]
+        q = tl.load(
+            q_ptr + ((b * S + s_idx[:, None]) * H + h).to(tl.int64) * D + d_idx[None, :],
+            mask=s_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )  # [BS, BD]
         w = tl.load(w_ptr + (b * S + s_idx) * H + h, mask=s_ok, other=0.0)  # [BS]
         dots = tl.dot(q, kt, input_precision="ieee")  # fp32 accumulate (bf16 products exact)
         s_h = tl.maximum(_bf16_round(dots), 0.0)  # einsum -> bf16, ReLU
         total += _bf16_round(s_h * w[:, None])  # product -> bf16, summed in fp32
     out = _bf16_round(total) + 0.0  # +0.0: no -0 in the output
-    tl.store(out_ptr + (b * S + s_idx[:, None]).to(tl.int64) * T + t_idx[None, :], out,
-             mask=s_ok[:, None] & t_ok[None, :])
+    tl.store(
+        out_ptr + (b * S + s_idx[:, None]).to(tl.int64) * T + t_idx[None, :], out, mask=s_ok[:, None] & t_ok[None, :]
+    )
 
 
 # --- wrappers -------------------------------------------------------------------------------------
@@ -174,8 +183,10 @@ def _index_scores_kernel(q_ptr, k_ptr, w_ptr, out_ptr, S, T, H, D,
 def _check_runnable(*tensors: torch.Tensor) -> None:
     on_cpu = [t for t in tensors if t.device.type == "cpu"]
     if on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("TritonImpl got CPU tensors but Triton's interpreter is off: run with "
-                           "--device cuda on a GPU, or set TRITON_INTERPRET=1 before starting Python")
+        raise RuntimeError(
+            "TritonImpl got CPU tensors but Triton's interpreter is off: run with "
+            "--device cuda on a GPU, or set TRITON_INTERPRET=1 before starting Python"
+        )
 
 
 def e2m1(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,8 +214,11 @@ def fp4_qdq(x: torch.Tensor, block: int, e4m3: bool) -> tuple[torch.Tensor, torc
     if nblocks:
         grid = (triton.cdiv(nblocks, ROWS_PER_PROGRAM),)
         _fp4_qdq_kernel[grid](flat, y, codes, scale_bytes, nblocks, BLOCK=block, ROWS=ROWS_PER_PROGRAM, E4M3=e4m3)
-    return (y.reshape(x.shape).to(torch.bfloat16), codes.reshape(x.shape),
-            scale_bytes.reshape(*x.shape[:-1], x.shape[-1] // block))
+    return (
+        y.reshape(x.shape).to(torch.bfloat16),
+        codes.reshape(x.shape),
+        scale_bytes.reshape(*x.shape[:-1], x.shape[-1] // block),
+    )
 
 
 def index_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -213,14 +227,17 @@ def index_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Ten
     b, S, H, D = q.shape
     T = k.shape[1]
     if k.shape[0] != b or k.shape[2] != D or tuple(w.shape) != (b, S, H):
-        raise ValueError(f"index_scores: q {tuple(q.shape)} needs k [{b}, T, {D}] and w [{b}, {S}, {H}]; "
-                         f"got k {tuple(k.shape)}, w {tuple(w.shape)}")
+        raise ValueError(
+            f"index_scores: q {tuple(q.shape)} needs k [{b}, T, {D}] and w [{b}, {S}, {H}]; "
+            f"got k {tuple(k.shape)}, w {tuple(w.shape)}"
+        )
     out = torch.empty((b, S, T), dtype=torch.float32, device=q.device)
     if out.numel():
         BS, BT, BD = 16, 32, max(16, triton.next_power_of_2(D))  # tl.dot wants every dim >= 16
         grid = (b, triton.cdiv(S, BS), triton.cdiv(T, BT))
-        _index_scores_kernel[grid](q.float().contiguous(), k.float().contiguous(), w.float().contiguous(), out,
-                                   S, T, H, D, BS=BS, BT=BT, BD=BD)
+        _index_scores_kernel[grid](
+            q.float().contiguous(), k.float().contiguous(), w.float().contiguous(), out, S, T, H, D, BS=BS, BT=BT, BD=BD
+        )
     return out.to(torch.bfloat16)
 
 

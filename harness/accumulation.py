@@ -41,7 +41,7 @@ from .reference import numerics as nx
 from .reference.fp8_linear import BLOCK, Fp8Weight, e4m3_value
 
 FP8_ACCUMULATOR_BITS = 14  # an H800's fp8 tensor core (DeepSeek-V3 technical report, §3.3.2)
-WALK = BLOCK ** 0.5  # the losses of a block's additions, as a random walk over its BLOCK additions
+WALK = BLOCK**0.5  # the losses of a block's additions, as a random walk over its BLOCK additions
 ACC = ".acc"  # context suffix: `<output>.acc` holds A, the magnitude of the fp8 GEMM terms behind each element
 ACC_RMS = ".acc_rms"  # `<output>.acc_rms`: R, the blocks' magnitudes summed as independent errors
 
@@ -53,6 +53,7 @@ class Terms(NamedTuple):
     following the sign of its block's sum). At K = 32 they are one; at K = 8192 (wo_b) R is about
     A / 16: the elementwise bound takes A, the global error (rel L2) takes R, so a bug that moves every
     element a little (a scale off by 2^-6) cannot hide in the elementwise allowance of a long GEMM."""
+
     peak: torch.Tensor
     rms: torch.Tensor
 
@@ -83,7 +84,7 @@ def fp8_terms(x: torch.Tensor, weight: Fp8Weight, chunk: int = 16) -> Terms:
     peak = torch.zeros(qa.shape[0], n, dtype=torch.float64)
     squares = torch.zeros_like(peak)
     for b0 in range(0, nb, chunk):  # [blocks, rows, 32] @ [blocks, 32, N]: each block's T_b
-        t = torch.bmm(qa[:, b0:b0 + chunk].transpose(0, 1), qw[:, b0:b0 + chunk].permute(1, 2, 0))
+        t = torch.bmm(qa[:, b0 : b0 + chunk].transpose(0, 1), qw[:, b0 : b0 + chunk].permute(1, 2, 0))
         peak += t.sum(0)
         squares += t.square().sum(0)
     shape = (*x.shape[:-1], n)
@@ -123,8 +124,10 @@ def through_rope(terms: Terms, rope_dim: int) -> Terms:
         out[..., -rope_dim:] = combine(tail).expand_as(tail).flatten(-2)
         return out
 
-    return Terms(rotated(terms.peak, lambda p: p.sum(-1, keepdim=True)),
-                 rotated(terms.rms, lambda p: p.square().sum(-1, keepdim=True).sqrt()))
+    return Terms(
+        rotated(terms.peak, lambda p: p.sum(-1, keepdim=True)),
+        rotated(terms.rms, lambda p: p.square().sum(-1, keepdim=True).sqrt()),
+    )
 
 
 # The error a correct kernel's accumulation carries is an expectation (the share of differing elements,
@@ -132,8 +135,9 @@ def through_rope(terms: Terms, rope_dim: int) -> Terms:
 FLIP_MARGIN = 2.0
 
 
-def accumulation_allowance(name: str, expected: torch.Tensor, bits: float,
-                           context: dict[str, torch.Tensor]) -> torch.Tensor | float:
+def accumulation_allowance(
+    name: str, expected: torch.Tensor, bits: float, context: dict[str, torch.Tensor]
+) -> torch.Tensor | float:
     """u x A where the comparator's context holds A (`<name>.acc`), else 0 (float64, expected's shape):
     what one element's accumulation error may reach."""
     terms = context.get(name + ACC)
@@ -146,12 +150,19 @@ class Spread(NamedTuple):
     """What a correct kernel's accumulation does to an output as a whole: `flips`, the number of
     elements it is expected to move off the reference's rounding; `energy`, the squared error it is
     expected to carry (summed over the elements)."""
+
     flips: float
     energy: float
 
 
-def expected_spread(name: str, expected: torch.Tensor, bits: float, context: dict[str, torch.Tensor],
-                    ulp: torch.Tensor, finite: torch.Tensor | None) -> Spread | None:
+def expected_spread(
+    name: str,
+    expected: torch.Tensor,
+    bits: float,
+    context: dict[str, torch.Tensor],
+    ulp: torch.Tensor,
+    finite: torch.Tensor | None,
+) -> Spread | None:
     """From R (`<name>.acc_rms`, else A): per element, a typical error e = u x R; the chance that it
     carries the value across a rounding midpoint, p = min(1, 2 e / ulp); its expected squared error,
     e^2 + p ulp^2. None where the context holds no magnitudes."""

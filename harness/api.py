@@ -106,8 +106,16 @@ def cases(select: str | list[str] = "*", tier: str = "small", config: str | Path
     for case_id in select_case_ids(harness_config, patterns):
         component = registry[case_id.split("/")[0]]
         meta = load_verified(harness_config.goldens, case_id, manifest).meta
-        out.append(Case(case_id, component.name, component.with_defaults(meta["params"]), bool(component.steps),
-                        harness_config, manifest))
+        out.append(
+            Case(
+                case_id,
+                component.name,
+                component.with_defaults(meta["params"]),
+                bool(component.steps),
+                harness_config,
+                manifest,
+            )
+        )
     return out
 
 
@@ -157,7 +165,9 @@ def check(case: Case | str, impl, impl_conf: dict | None = None, tier: str = "sm
         case = _by_id(case, tier)
     if not (callable(getattr(impl, "run", None)) and callable(getattr(impl, "supports", None))):
         if not callable(impl):
-            raise UsageError("check(): impl must have supports() and run(), or be a function run(component, inputs, params)")
+            raise UsageError(
+                "check(): impl must have supports() and run(), or be a function run(component, inputs, params)"
+            )
         impl = _Function(impl)
     name = type(impl).__name__
     result = run_case(case.id, case._config, impl, name, case._manifest, impl_conf or {})
@@ -165,8 +175,9 @@ def check(case: Case | str, impl, impl_conf: dict | None = None, tier: str = "sm
     return Verdict(case.id, record["status"], record.get("message") or "", record.get("outputs") or {}, record)
 
 
-def check_outputs(case: Case | str, outputs: dict[str, torch.Tensor], impl_conf: dict | None = None,
-                  tier: str = "small") -> Verdict:
+def check_outputs(
+    case: Case | str, outputs: dict[str, torch.Tensor], impl_conf: dict | None = None, tier: str = "small"
+) -> Verdict:
     """Judge outputs computed for the case's inputs (`case.inputs()`). Only for a case that is one call;
     a schedule needs `check` (its later calls depend on the state the earlier ones returned)."""
     if isinstance(case, str):

@@ -128,10 +128,12 @@ class QuantVerdict:
     signed_zeros: int = 0  # elements whose only difference is the sign of a zero (not in differ)
 
     def describe(self) -> str:
-        lines = [f"{self.differ} of {self.numel} differ: {self.flips} boundary flip(s)"
-                 + (f" ({self.scale_flips} block(s) follow a flipped scale)" if self.scale_flips else "")
-                 + f", {self.mismatched} mismatch(es)"
-                 + (f"; {self.signed_zeros} more differ only in the sign of a zero" if self.signed_zeros else "")]
+        lines = [
+            f"{self.differ} of {self.numel} differ: {self.flips} boundary flip(s)"
+            + (f" ({self.scale_flips} block(s) follow a flipped scale)" if self.scale_flips else "")
+            + f", {self.mismatched} mismatch(es)"
+            + (f"; {self.signed_zeros} more differ only in the sign of a zero" if self.signed_zeros else "")
+        ]
         if self.first_flip:
             lines.append(f"first boundary flip: {self.first_flip}")
         if self.first_mismatch:
@@ -139,8 +141,9 @@ class QuantVerdict:
         return "\n".join(lines)
 
 
-def classify_quantised(expected: torch.Tensor, actual: torch.Tensor, pre: torch.Tensor, tol: torch.Tensor,
-                       fmt: BlockFormat, encoding: str) -> QuantVerdict:
+def classify_quantised(
+    expected: torch.Tensor, actual: torch.Tensor, pre: torch.Tensor, tol: torch.Tensor, fmt: BlockFormat, encoding: str
+) -> QuantVerdict:
     """Judge one quantised output (same dtype and shape on both sides; see the module docstring).
 
     pre: [..., D] the reference's values before quantisation; tol: float64 [..., D] their
@@ -169,16 +172,26 @@ def _classify_scales(expected, actual, fmt, s_ref, s_lo, s_hi, x) -> QuantVerdic
 
     def describe(where: torch.Tensor) -> str:
         i = tuple(int(v) for v in where.nonzero()[0])
-        return (f"block {list(i)}: scale {_g(fmt.scale_of_bytes(actual[i]))} (byte {int(a[i])}), expected "
-                f"{_g(s_ref[i])} (byte {int(e[i])}); amax {_g(x[i].abs().max())} reaches scales "
-                f"{_g(s_lo[i])}..{_g(s_hi[i])} within its tolerance")
+        return (
+            f"block {list(i)}: scale {_g(fmt.scale_of_bytes(actual[i]))} (byte {int(a[i])}), expected "
+            f"{_g(s_ref[i])} (byte {int(e[i])}); amax {_g(x[i].abs().max())} reaches scales "
+            f"{_g(s_lo[i])}..{_g(s_hi[i])} within its tolerance"
+        )
 
-    return QuantVerdict(e.numel(), int(differ.sum()), int(flip.sum()), 0, int(bad.sum()),
-                        describe(flip) if flip.any() else "", describe(bad) if bad.any() else "")
+    return QuantVerdict(
+        e.numel(),
+        int(differ.sum()),
+        int(flip.sum()),
+        0,
+        int(bad.sum()),
+        describe(flip) if flip.any() else "",
+        describe(bad) if bad.any() else "",
+    )
 
 
-def _codes_of(encoded: torch.Tensor, fmt: BlockFormat, encoding: str, s: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+def _codes_of(
+    encoded: torch.Tensor, fmt: BlockFormat, encoding: str, s: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes uint8 [..., nb, block], representable bool) of an output under block scales s."""
     if encoding == "packed":
         b = encoded.to(torch.uint8)
@@ -233,9 +246,16 @@ def _classify_elements(expected, actual, fmt, encoding, x, t, s_ref, s_lo, s_hi)
         i = tuple(int(v) for v in where.nonzero()[0])
         return _describe_element(i, fmt, encoding, x, t, s_ref, ref, got, actual, bool(scale_flip[i[:-1]]))
 
-    return QuantVerdict(int(differ.numel()), int(differ.sum()), int(accepted.sum()), int(scale_flip.sum()),
-                        int(bad.sum()), describe(accepted) if accepted.any() else "",
-                        describe(bad) if bad.any() else "", int(signed.sum()))
+    return QuantVerdict(
+        int(differ.numel()),
+        int(differ.sum()),
+        int(accepted.sum()),
+        int(scale_flip.sum()),
+        int(bad.sum()),
+        describe(accepted) if accepted.any() else "",
+        describe(bad) if bad.any() else "",
+        int(signed.sum()),
+    )
 
 
 def _describe_element(i, fmt, encoding, x, t, s_ref, ref, got, actual, under_flipped_scale: bool) -> str:
@@ -249,9 +269,11 @@ def _describe_element(i, fmt, encoding, x, t, s_ref, ref, got, actual, under_fli
     if under_flipped_scale:
         return f"{head}; its block's scale flipped from {_g(s)} at a rounding boundary, and it follows"
     boundary = (e_val + a_val) / 2
-    return (f"{head} ({steps} {fmt.step_name}{'s' if steps != 1 else ''} under scale {_g(s)}); the reference's value "
-            f"before rounding {_g(x[i])} lies {_g((x[i].double() - boundary).abs())} from the boundary "
-            f"{_g(boundary)}; its tolerance is {_g(t[i])}")
+    return (
+        f"{head} ({steps} {fmt.step_name}{'s' if steps != 1 else ''} under scale {_g(s)}); the reference's value "
+        f"before rounding {_g(x[i])} lies {_g((x[i].double() - boundary).abs())} from the boundary "
+        f"{_g(boundary)}; its tolerance is {_g(t[i])}"
+    )
 
 
 def _g(v) -> str:
@@ -283,7 +305,7 @@ def admissible_variants(x: torch.Tensor, tol: torch.Tensor, fmt: BlockFormat) ->
         adjacent = (fmt.scale_bytes(s_alt).to(torch.int64) - fmt.scale_bytes(s_ref).to(torch.int64)).abs() == 1
         for blk in adjacent.nonzero().flatten().tolist():
             y = base.clone()
-            y[blk] = quantise(xb[blk:blk + 1], s_alt[blk:blk + 1], fmt)[0]
+            y[blk] = quantise(xb[blk : blk + 1], s_alt[blk : blk + 1], fmt)[0]
             out.append((f"block {blk} under the adjacent scale {_g(s_alt[blk])}", y.flatten()))
     return out
 

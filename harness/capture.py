@@ -103,5 +103,7 @@ def attach(result, text: str) -> None:
     if result.status in ("crash", "error", "fail", "timeout"):
         lines = result.output.splitlines()
         shown = "\n".join(lines[-20:])
-        result.message = (result.message.rstrip() + f"\n--- the implementation printed (the last {min(len(lines), 20)} "
-                          f"line(s) of it) ---\n{shown}")
+        result.message = (
+            result.message.rstrip() + f"\n--- the implementation printed (the last {min(len(lines), 20)} "
+            f"line(s) of it) ---\n{shown}"
+        )

@@ -100,8 +100,10 @@ def concrete_specs(spec: CaseSpec, component) -> list[CaseSpec]:
     """A case file entry as the cases it stands for: expanded by its component (one per schedule,
     say), every param in its declared type (the YAML literal's spelling no longer matters)."""
     expand = component.extra.get("expand")
-    return [dataclasses.replace(c, params=component.typed_params(c.params, c.source))
-            for c in (expand(spec) if expand else [spec])]
+    return [
+        dataclasses.replace(c, params=component.typed_params(c.params, c.source))
+        for c in (expand(spec) if expand else [spec])
+    ]
 
 
 def load_cases(cases_dir: Path, select: list[str] | None = None) -> list[CaseSpec]:

@@ -21,8 +21,9 @@ from .errors import HarnessError, UsageError
 from .ids import parse_select
 
 
-def _config(path: str | None, tier: str = "small", goldens: str | None = None, cases: str | None = None,
-            validate: bool = True):
+def _config(
+    path: str | None, tier: str = "small", goldens: str | None = None, cases: str | None = None, validate: bool = True
+):
     """conformance.yaml (its `goldens:` and `cases:` relative to its own folder), then --tier, then
     --goldens / --cases (relative to the current directory). `validate`: every tolerance resolved
     (which imports the component registry, and so torch)."""
@@ -43,19 +44,37 @@ def _fail_usage(exc: Exception) -> None:
     sys.exit(2)
 
 
-config_option = click.option("--config", "config_path", default=None, help="path to conformance.yaml (default: search upwards)")
-select_option = click.option("--select", "-s", multiple=True, help="shell-style patterns over case ids (repeat or comma separate)")
+config_option = click.option(
+    "--config", "config_path", default=None, help="path to conformance.yaml (default: search upwards)"
+)
+select_option = click.option(
+    "--select", "-s", multiple=True, help="shell-style patterns over case ids (repeat or comma separate)"
+)
 
 
 def store_options(fn):
-    fn = click.option("--cases", "cases_dir", default=None, type=click.Path(file_okay=False),
-                      help="case files (default: conformance.yaml's cases:, relative to that file)")(fn)
-    return click.option("--goldens", "goldens_dir", default=None, type=click.Path(file_okay=False),
-                        help="the golden store (default: conformance.yaml's goldens:, relative to that file)")(fn)
+    fn = click.option(
+        "--cases",
+        "cases_dir",
+        default=None,
+        type=click.Path(file_okay=False),
+        help="case files (default: conformance.yaml's cases:, relative to that file)",
+    )(fn)
+    return click.option(
+        "--goldens",
+        "goldens_dir",
+        default=None,
+        type=click.Path(file_okay=False),
+        help="the golden store (default: conformance.yaml's goldens:, relative to that file)",
+    )(fn)
 
 
-tier_option = click.option("--tier", default="small", show_default=True,
-                           help="small (the goldens in git) or production (built locally, pinned by SHA-256)")
+tier_option = click.option(
+    "--tier",
+    default="small",
+    show_default=True,
+    help="small (the goldens in git) or production (built locally, pinned by SHA-256)",
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -99,28 +118,65 @@ def entry() -> None:
 
 
 @main.command()
-@click.option("--impl", required=True, help="reference, a name from conformance.yaml, an entry point, pkg.mod:attr or file.py:attr")
+@click.option(
+    "--impl",
+    required=True,
+    help="reference, a name from conformance.yaml, an entry point, pkg.mod:attr or file.py:attr",
+)
 @select_option
-@click.option("--report-dir", default="reports/latest", show_default=True, type=click.Path(file_okay=False),
-              help="where the reports go; one run at a time per folder")
-@click.option("-n", "workers", default="0", show_default=True,
-              help="cases at once, each in an isolation child of this run's own process: a number or auto "
-                   "(with --no-isolate: pytest-xdist workers)")
+@click.option(
+    "--report-dir",
+    default="reports/latest",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="where the reports go; one run at a time per folder",
+)
+@click.option(
+    "-n",
+    "workers",
+    default="0",
+    show_default=True,
+    help="cases at once, each in an isolation child of this run's own process: a number or auto "
+    "(with --no-isolate: pytest-xdist workers)",
+)
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N")
 @click.option("--timeout", type=float, default=None, help="seconds per case (default: conformance.yaml's timeout)")
 @click.option("--no-isolate", is_flag=True, help="run the implementation in the worker itself (faster, not crash-safe)")
-@click.option("--diagnosis-budget", type=int, default=None,
-              help="re-runs of the reference per failing case for naming known porting bugs (default 64, "
-                   "production tier 8; 0: no diagnosis)")
+@click.option(
+    "--diagnosis-budget",
+    type=int,
+    default=None,
+    help="re-runs of the reference per failing case for naming known porting bugs (default 64, "
+    "production tier 8; 0: no diagnosis)",
+)
 @click.option("--shard", default=None, help="I/N: run only shard I of N (deterministic split by case id)")
 @click.option("--pytest-args", default="", help="extra pytest arguments, e.g. \"--tx ssh=host//python=python3\"")
-@click.option("--baseline", default=None, type=click.Path(),
-              help="a report dir or results.json of an earlier run: the reports add what changed since (see `diff`)")
+@click.option(
+    "--baseline",
+    default=None,
+    type=click.Path(),
+    help="a report dir or results.json of an earlier run: the reports add what changed since (see `diff`)",
+)
 @tier_option
 @store_options
 @config_option
-def run(impl, select, report_dir, workers, device, timeout, no_isolate, diagnosis_budget, shard, pytest_args, baseline,
-        tier, goldens_dir, cases_dir, config_path):
+def run(
+    impl,
+    select,
+    report_dir,
+    workers,
+    device,
+    timeout,
+    no_isolate,
+    diagnosis_budget,
+    shard,
+    pytest_args,
+    baseline,
+    tier,
+    goldens_dir,
+    cases_dir,
+    config_path,
+):
     """Run an implementation against the goldens and write the conformance report."""
     from .adapters.loader import locate, resolve
 
@@ -143,13 +199,25 @@ def run(impl, select, report_dir, workers, device, timeout, no_isolate, diagnosi
         _check_device(device)
         _check_run_flags(workers, timeout, Path(report_dir), config)
         if diagnosis_budget is not None and diagnosis_budget < 0:
-            raise UsageError(f"--diagnosis-budget {diagnosis_budget!r}: expected a whole number of re-runs >= 0 "
-                             "(0 turns it off)")
-        options = RunOptions(impl=impl, select=parse_select(select), report_dir=Path(report_dir), workers=str(workers),
-                             device=device, timeout=timeout, isolate=not no_isolate, shard=_parse_shard(shard),
-                             diagnosis_budget=diagnosis_budget,
-                             pytest_args=tuple(shlex.split(pytest_args)), config_path=config_path, tier=tier,
-                             stores=(goldens_dir, cases_dir), baseline=Path(baseline) if baseline else None)
+            raise UsageError(
+                f"--diagnosis-budget {diagnosis_budget!r}: expected a whole number of re-runs >= 0 (0 turns it off)"
+            )
+        options = RunOptions(
+            impl=impl,
+            select=parse_select(select),
+            report_dir=Path(report_dir),
+            workers=str(workers),
+            device=device,
+            timeout=timeout,
+            isolate=not no_isolate,
+            shard=_parse_shard(shard),
+            diagnosis_budget=diagnosis_budget,
+            pytest_args=tuple(shlex.split(pytest_args)),
+            config_path=config_path,
+            tier=tier,
+            stores=(goldens_dir, cases_dir),
+            baseline=Path(baseline) if baseline else None,
+        )
         doc = run_session(config, options)  # writes the reports while it holds the report dir
     except HarnessError as exc:
         _fail_usage(exc)
@@ -175,8 +243,10 @@ def _check_run_flags(workers: str, timeout: float | None, report_dir: Path, conf
     for protected, what in ((config.goldens, "the golden store"), (config.cases, "the case files")):
         protected = protected.resolve()
         if where == protected or protected in where.parents:
-            raise UsageError(f"--report-dir {report_dir} lies inside {what} ({protected}); pick a folder of its own, "
-                             "such as reports/<impl>")
+            raise UsageError(
+                f"--report-dir {report_dir} lies inside {what} ({protected}); pick a folder of its own, "
+                "such as reports/<impl>"
+            )
 
 
 def _parse_shard(shard: str | None):
@@ -207,7 +277,9 @@ def _check_device(device: str) -> None:
 
 @main.command()
 @select_option
-@click.option("--check", is_flag=True, help="regenerate in memory and report drift against the frozen goldens; write nothing")
+@click.option(
+    "--check", is_flag=True, help="regenerate in memory and report drift against the frozen goldens; write nothing"
+)
 @tier_option
 @store_options
 @config_option
@@ -228,18 +300,24 @@ def generate(select, check, tier, goldens_dir, cases_dir, config_path):
     except HarnessError as exc:
         _fail_usage(exc)
     if select and not (report.written or report.unchanged or report.drift or report.errors):
-        click.echo(f"error: no case matches --select {','.join(select)!r}; `conformance list` shows the case ids", err=True)
+        click.echo(
+            f"error: no case matches --select {','.join(select)!r}; `conformance list` shows the case ids", err=True
+        )
         sys.exit(1)
     for case_id, problem in report.errors.items():
         click.echo(f"ERROR {case_id}: {problem}", err=True)
     for case_id, drift in report.drift.items():
         click.echo(f"DRIFT {case_id}: {drift}")
     if check:
-        click.echo(f"checked {len(report.unchanged) + len(report.drift)} golden(s): {len(report.unchanged)} identical, "
-                   f"{len(report.drift)} drifted, {len(report.errors)} error(s)")
+        click.echo(
+            f"checked {len(report.unchanged) + len(report.drift)} golden(s): {len(report.unchanged)} identical, "
+            f"{len(report.drift)} drifted, {len(report.errors)} error(s)"
+        )
     else:
-        click.echo(f"wrote {len(report.written)}, unchanged {len(report.unchanged)}, removed {len(report.removed)}, "
-                   f"errors {len(report.errors)}")
+        click.echo(
+            f"wrote {len(report.written)}, unchanged {len(report.unchanged)}, removed {len(report.removed)}, "
+            f"errors {len(report.errors)}"
+        )
     sys.exit(0 if report.ok else 1)
 
 
@@ -248,14 +326,18 @@ def _refuse_packaged(config) -> None:
     from .store import origin
 
     if config.tier == "small" and origin(config.goldens) == "package":
-        raise UsageError(f"{config.goldens} is the golden store installed with the package, which "
-                         "`conformance generate` does not rewrite; point `goldens:` (and `cases:`) in your "
-                         "conformance.yaml, or --goldens, at a folder of your own")
+        raise UsageError(
+            f"{config.goldens} is the golden store installed with the package, which "
+            "`conformance generate` does not rewrite; point `goldens:` (and `cases:`) in your "
+            "conformance.yaml, or --goldens, at a folder of your own"
+        )
 
 
 @main.command(name="check-protocol")
 @click.option("--impl", "impl_name", default=None, help="a subprocess implementation named in conformance.yaml")
-@click.option("--batch", is_flag=True, help="with a COMMAND: drive `COMMAND serve` (default: `COMMAND run` per request)")
+@click.option(
+    "--batch", is_flag=True, help="with a COMMAND: drive `COMMAND serve` (default: `COMMAND run` per request)"
+)
 @config_option
 @click.argument("command", nargs=-1)
 def check_protocol(impl_name, batch, config_path, command):
@@ -276,11 +358,14 @@ def check_protocol(impl_name, batch, config_path, command):
             config = _config(config_path)
             conf = config.impls.get(impl_name)
             if not conf or "command" not in conf:
-                raise UsageError(f"--impl {impl_name!r}: check-protocol needs an impls entry with `command:` in "
-                                 f"{config.path}")
+                raise UsageError(
+                    f"--impl {impl_name!r}: check-protocol needs an impls entry with `command:` in {config.path}"
+                )
             adapter = SubprocessAdapter.from_conf(impl_name, conf, config.root)
         else:
-            adapter = SubprocessAdapter.from_conf("check-protocol", {"command": list(command), "batch": batch}, Path.cwd())
+            adapter = SubprocessAdapter.from_conf(
+                "check-protocol", {"command": list(command), "batch": batch}, Path.cwd()
+            )
     except HarnessError as exc:
         _fail_usage(exc)
     try:
@@ -290,8 +375,10 @@ def check_protocol(impl_name, batch, config_path, command):
     for finding in findings:
         click.echo(finding.line())
     if findings:
-        click.echo(f"{len(findings)} problem(s) in {checked} item(s) sent; the catalogue (conformance list --components) "
-                   "and docs/subprocess-protocol.md give every encoding")
+        click.echo(
+            f"{len(findings)} problem(s) in {checked} item(s) sent; the catalogue (conformance list --components) "
+            "and docs/subprocess-protocol.md give every encoding"
+        )
         sys.exit(1)
     click.echo(f"protocol ok: {checked} tensors and params over 2 requests came back bit for bit")
 
@@ -319,8 +406,12 @@ def verify(tier, goldens_dir, cases_dir, config_path):
 
 @main.command(name="list")
 @select_option
-@click.option("--components", "only_components", is_flag=True,
-              help="the component catalogue: inputs, returns, compared outputs, params, dims")
+@click.option(
+    "--components",
+    "only_components",
+    is_flag=True,
+    help="the component catalogue: inputs, returns, compared outputs, params, dims",
+)
 @click.option("--json", "as_json", is_flag=True, help="with --components: machine-readable")
 @click.option("--markdown", "as_markdown", is_flag=True, help="with --components: docs/catalogue.md")
 @click.option("--spaces", "only_spaces", is_flag=True, help="what `conformance fuzz` samples, per component")
@@ -361,9 +452,14 @@ def list_cases(select, only_components, as_json, as_markdown, only_spaces, tier,
 
 @main.command()
 @click.argument("case_ids", nargs=-1, required=True)
-@click.option("--dump", "dump_dir", default=None, type=click.Path(file_okay=False),
-              help="write each call's request (and the reference's response) as a subprocess program gets them; "
-                   "with several cases, one folder <component>__<case> each")
+@click.option(
+    "--dump",
+    "dump_dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="write each call's request (and the reference's response) as a subprocess program gets them; "
+    "with several cases, one folder <component>__<case> each",
+)
 @click.option("--values", default=6, show_default=True, help="values shown per tensor")
 @tier_option
 @store_options
@@ -402,10 +498,20 @@ def report(report_dir):
 @main.command()
 @click.option("--impl", required=True, help="as for `run`")
 @select_option
-@click.option("--budget", "budget_s", type=float, default=None, help="seconds to spend sampling and judging (default 60)")
-@click.option("--cases", "case_count", type=int, default=None, help="sample exactly this many cases instead of a budget")
+@click.option(
+    "--budget", "budget_s", type=float, default=None, help="seconds to spend sampling and judging (default 60)"
+)
+@click.option(
+    "--cases", "case_count", type=int, default=None, help="sample exactly this many cases instead of a budget"
+)
 @click.option("--seed", default=0, show_default=True, type=int, help="the same seed samples the same cases everywhere")
-@click.option("--index", "case_index", type=int, default=None, help="re-create only case INDEX of the seed (printed with a failure)")
+@click.option(
+    "--index",
+    "case_index",
+    type=int,
+    default=None,
+    help="re-create only case INDEX of the seed (printed with a failure)",
+)
 @click.option("--promote", is_flag=True, help="add each shrunk failing case to cases/ and write its golden")
 @click.option("--shrink-seconds", default=60.0, show_default=True, help="time to spend shrinking failures")
 @click.option("--report-dir", default="reports/fuzz", show_default=True, type=click.Path(file_okay=False))
@@ -414,8 +520,22 @@ def report(report_dir):
 @click.option("--timeout", type=float, default=None, help="seconds per case (default: conformance.yaml's timeout)")
 @click.option("--no-isolate", is_flag=True, help="run the implementation in this process (faster, not crash-safe)")
 @config_option
-def fuzz(impl, select, budget_s, case_count, seed, case_index, promote, shrink_seconds, report_dir, workers, device,
-         timeout, no_isolate, config_path):
+def fuzz(
+    impl,
+    select,
+    budget_s,
+    case_count,
+    seed,
+    case_index,
+    promote,
+    shrink_seconds,
+    report_dir,
+    workers,
+    device,
+    timeout,
+    no_isolate,
+    config_path,
+):
     """Judge an implementation on fresh cases sampled from every component's space.
 
     Cases are built by the reference at once and judged exactly like goldens; a failure is shrunk
@@ -438,11 +558,22 @@ def fuzz(impl, select, budget_s, case_count, seed, case_index, promote, shrink_s
             raise UsageError("give --budget SECONDS or --cases N, not both")
         if (budget_s is not None and not budget_s > 0) or (case_count is not None and case_count < 1):
             raise UsageError("--budget must be positive seconds and --cases at least 1")
-        options = FuzzOptions(impl=impl, select=parse_select(select), report_dir=Path(report_dir), seed=seed,
-                              budget_s=60.0 if budget_s is None and case_count is None else budget_s,
-                              cases=1 if case_index is not None else case_count, index=case_index, workers=str(workers),
-                              isolate=not no_isolate, timeout=timeout, device=device, config_path=config_path,
-                              promote=promote, shrink_s=shrink_seconds)
+        options = FuzzOptions(
+            impl=impl,
+            select=parse_select(select),
+            report_dir=Path(report_dir),
+            seed=seed,
+            budget_s=60.0 if budget_s is None and case_count is None else budget_s,
+            cases=1 if case_index is not None else case_count,
+            index=case_index,
+            workers=str(workers),
+            isolate=not no_isolate,
+            timeout=timeout,
+            device=device,
+            config_path=config_path,
+            promote=promote,
+            shrink_s=shrink_seconds,
+        )
         doc = run_fuzz(config, options)
     except HarnessError as exc:
         _fail_usage(exc)
@@ -456,9 +587,14 @@ def fuzz(impl, select, budget_s, case_count, seed, case_index, promote, shrink_s
 @click.argument("base", type=click.Path())
 @click.argument("new", type=click.Path())
 @click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True)
-@click.option("--fail-on", type=click.Choice(["regressions", "new-failures", "any"]), default="regressions",
-              show_default=True, help="what exits 1: a case that passed and now does not (and a floor newly "
-              "missed); also a new or regenerated case that fails; or NEW not passing at all")
+@click.option(
+    "--fail-on",
+    type=click.Choice(["regressions", "new-failures", "any"]),
+    default="regressions",
+    show_default=True,
+    help="what exits 1: a case that passed and now does not (and a floor newly "
+    "missed); also a new or regenerated case that fails; or NEW not passing at all",
+)
 def diff(base, new, fmt, fail_on):
     """What changed from run BASE to run NEW (each a report dir or a results.json).
 

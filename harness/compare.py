@@ -33,9 +33,11 @@ TABLE_ROWS = 8
 # accepted (docs/verdicts.md, "The chain").
 OWN_PRE = ".own"
 # Differences a verdict may accept, each counted per output: metric key -> what it counts.
-ACCEPTED_METRICS = {"rows_tie": "rows that differ only in tie order",
-                    "rows_near_tie": "rows that differ only among near-tied ids",
-                    "boundary_flips": "elements one step across a rounding boundary"}
+ACCEPTED_METRICS = {
+    "rows_tie": "rows that differ only in tie order",
+    "rows_near_tie": "rows that differ only among near-tied ids",
+    "boundary_flips": "elements one step across a rounding boundary",
+}
 
 
 def argmax_index(t: torch.Tensor) -> tuple[int, ...]:
@@ -85,16 +87,29 @@ def identical_verdict(name: str, expected: torch.Tensor, policy: Policy) -> Outp
     if policy.kind == "exact":
         return OutputVerdict(name, True, metrics={"mismatched": 0, "numel": expected.numel()})
     if policy.kind == "quantised":
-        return OutputVerdict(name, True, metrics={"mismatched": 0, "numel": expected.numel(), "boundary_flips": 0,
-                                                  "scale_flips": 0})
+        return OutputVerdict(
+            name, True, metrics={"mismatched": 0, "numel": expected.numel(), "boundary_flips": 0, "scale_flips": 0}
+        )
     if policy.kind == "index":
         rows = math.prod(expected.shape[:-1]) if expected.dim() else 1  # [b, S, 0] ids: b*S empty rows
-        return OutputVerdict(name, True, metrics={"rows": rows, "rows_exact": rows, "rows_tie": 0, "rows_near_tie": 0,
-                                                  "rows_miss": 0})
-    return OutputVerdict(name, True, metrics={
-        "numel": expected.numel(), "mismatched": 0, "max_abs_err": 0.0, "max_ulps": 0.0, "rel_l2": 0.0,
-        "diff_fraction": 0.0, "bound_used": 0.0, "ulps_headroom": 0.0 if policy.ulps else None,
-        "rel_l2_headroom": 0.0 if policy.rel_l2 else None})
+        return OutputVerdict(
+            name, True, metrics={"rows": rows, "rows_exact": rows, "rows_tie": 0, "rows_near_tie": 0, "rows_miss": 0}
+        )
+    return OutputVerdict(
+        name,
+        True,
+        metrics={
+            "numel": expected.numel(),
+            "mismatched": 0,
+            "max_abs_err": 0.0,
+            "max_ulps": 0.0,
+            "rel_l2": 0.0,
+            "diff_fraction": 0.0,
+            "bound_used": 0.0,
+            "ulps_headroom": 0.0 if policy.ulps else None,
+            "rel_l2_headroom": 0.0 if policy.rel_l2 else None,
+        },
+    )
 
 
 def _attribute_problem(expected: torch.Tensor, actual: Any) -> str:
@@ -114,8 +129,10 @@ def _mask_failure(bad: torch.Tensor, what: str, expected: torch.Tensor, actual: 
     count = int(bad.sum())
     if count:
         first = tuple(bad.nonzero()[0].tolist())
-        lines.append(f"  {what} {count} element(s); first at {list(first)}: actual {_fmt(actual[first])}, "
-                     f"expected {_fmt(expected[first])}")
+        lines.append(
+            f"  {what} {count} element(s); first at {list(first)}: actual {_fmt(actual[first])}, "
+            f"expected {_fmt(expected[first])}"
+        )
     return count
 
 
@@ -132,8 +149,9 @@ def absent_mask(expected: torch.Tensor, policy: Policy, context: dict[str, torch
         return None
     lead = rows.dim()
     if tuple(rows.shape) != tuple(expected.shape[:lead]):
-        raise ValueError(f"{policy.absent_rows} rows {list(rows.shape)} do not lead the output's shape "
-                         f"{list(expected.shape)}")
+        raise ValueError(
+            f"{policy.absent_rows} rows {list(rows.shape)} do not lead the output's shape {list(expected.shape)}"
+        )
     return rows.reshape(*rows.shape, *(1,) * (expected.dim() - lead)).expand(expected.shape)
 
 
@@ -151,8 +169,9 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _compare_exact(name: str, expected: torch.Tensor, actual: torch.Tensor, policy: Policy | None = None
-                   ) -> OutputVerdict:
+def _compare_exact(
+    name: str, expected: torch.Tensor, actual: torch.Tensor, policy: Policy | None = None
+) -> OutputVerdict:
     differ = _bits(expected) != _bits(actual)
     signed = signed_zeros(expected, actual, _zero_codes(policy)) & differ
     n_signed = int(signed.sum())
@@ -167,8 +186,10 @@ def _compare_exact(name: str, expected: torch.Tensor, actual: torch.Tensor, poli
         return OutputVerdict(name, True, signed_zero_note(name, expected, actual, signed), metrics)
     lines = [f"output '{name}': not bit-identical (exact comparison)", _mismatch_count(count, expected.numel())]
     if n_signed:
-        lines.append(f"  {n_signed} element(s) differ only in the sign of a zero"
-                     + (" (accepted by policy; not counted above)" if accept else " (counted: strict_signed_zeros)"))
+        lines.append(
+            f"  {n_signed} element(s) differ only in the sign of a zero"
+            + (" (accepted by policy; not counted above)" if accept else " (counted: strict_signed_zeros)")
+        )
     lines += _value_table(expected, actual, differ, policy.labels if policy is not None else ())
     return OutputVerdict(name, False, "\n".join(lines), metrics)
 
@@ -203,17 +224,20 @@ def signed_zero_note(name: str, expected: torch.Tensor, actual: torch.Tensor, si
     if not n:
         return ""
     first = tuple(int(i) for i in signed.nonzero()[0]) if signed.dim() else ()
-    return (f"output '{name}': {n} element(s) differ only in the sign of a zero (accepted by policy; "
-            f"strict_signed_zeros: true fails them); first at {list(first)}: actual {_fmt(actual[first])}, "
-            f"expected {_fmt(expected[first])}")
+    return (
+        f"output '{name}': {n} element(s) differ only in the sign of a zero (accepted by policy; "
+        f"strict_signed_zeros: true fails them); first at {list(first)}: actual {_fmt(actual[first])}, "
+        f"expected {_fmt(expected[first])}"
+    )
 
 
 def _mismatch_count(count: int, numel: int) -> str:
     return f"  mismatched elements: {count} / {numel} ({100.0 * count / max(numel, 1):.3g}%)"
 
 
-def _value_table(expected: torch.Tensor, actual: torch.Tensor, differ: torch.Tensor,
-                 labels: tuple[str, ...] = ()) -> list[str]:
+def _value_table(
+    expected: torch.Tensor, actual: torch.Tensor, differ: torch.Tensor, labels: tuple[str, ...] = ()
+) -> list[str]:
     where = differ.nonzero()
     rows = ["  index | actual | expected"]
     for idx in where[:TABLE_ROWS].tolist():
@@ -232,8 +256,9 @@ def _fmt(value: torch.Tensor) -> str:
     return str(item)
 
 
-def _aux_ulps(expected: torch.Tensor, context: dict[str, torch.Tensor], name: str | None, ulps: float,
-              fmt: torch.dtype, what: str) -> torch.Tensor | float:
+def _aux_ulps(
+    expected: torch.Tensor, context: dict[str, torch.Tensor], name: str | None, ulps: float, fmt: torch.dtype, what: str
+) -> torch.Tensor | float:
     """`ulps` units in the last place (of `fmt`) of aux tensor `name`, broadcast over the
     output's trailing dims; 0 when the policy names no tensor or no ulps."""
     if not (name and ulps):
@@ -247,22 +272,32 @@ def _aux_ulps(expected: torch.Tensor, context: dict[str, torch.Tensor], name: st
     return allowance
 
 
-def _argument_allowance(expected: torch.Tensor, policy: Policy, context: dict[str, torch.Tensor]) -> torch.Tensor | float:
+def _argument_allowance(
+    expected: torch.Tensor, policy: Policy, context: dict[str, torch.Tensor]
+) -> torch.Tensor | float:
     """`argument_ulps` fp32 ulps of the argument of a transcendental output (|f'| <= 1 for cos and sin)."""
-    return _aux_ulps(expected, context, policy.argument, policy.argument_ulps, torch.float32,
-                     "the argument of this output")
+    return _aux_ulps(
+        expected, context, policy.argument, policy.argument_ulps, torch.float32, "the argument of this output"
+    )
 
 
 def _term_allowance(expected: torch.Tensor, policy: Policy, context: dict[str, torch.Tensor]) -> torch.Tensor | float:
     """`term_ulps` bf16 ulps of the largest bf16-rounded term summed into each element: a correct
     implementation that sums that term's own inputs in another order may round it the other way
     (docs/verdicts.md, "Intermediate roundings")."""
-    return _aux_ulps(expected, context, policy.terms, policy.term_ulps, torch.bfloat16,
-                     "the largest term of each element")
+    return _aux_ulps(
+        expected, context, policy.terms, policy.term_ulps, torch.bfloat16, "the largest term of each element"
+    )
 
 
-def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, policy: Policy,
-                      context: dict[str, torch.Tensor], params: dict[str, Any] | None = None) -> OutputVerdict:
+def _compare_tolerant(
+    name: str,
+    expected: torch.Tensor,
+    actual: torch.Tensor,
+    policy: Policy,
+    context: dict[str, torch.Tensor],
+    params: dict[str, Any] | None = None,
+) -> OutputVerdict:
     fmt = torch.bfloat16 if policy.kind == "bf16" else expected.dtype
     if fmt not in MANTISSA_BITS:
         fmt = torch.float32
@@ -279,16 +314,24 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
         finite = None
         diff = (a - e).abs()
     else:
-        masks = {"NaN": (torch.isnan(e), torch.isnan(a)), "+inf": (e == float("inf"), a == float("inf")),
-                 "-inf": (e == float("-inf"), a == float("-inf"))}
+        masks = {
+            "NaN": (torch.isnan(e), torch.isnan(a)),
+            "+inf": (e == float("inf"), a == float("inf")),
+            "-inf": (e == float("-inf"), a == float("-inf")),
+        }
         for label, (me, ma) in masks.items():
             bad = (me != ma) if absent is None else (me != ma) & ~absent
             mask_failures += _mask_failure(bad, f"{label} positions differ at", expected, actual, lines)
         finite = torch.isfinite(e) & torch.isfinite(a)
         if absent is not None:
             bad = absent & ((a != 0) | (e != 0))  # NaN != 0 too
-            mask_failures += _mask_failure(bad, f"absent rows (every lane of {policy.absent_rows} is -1) must be "
-                                           "exactly 0: not at", expected, actual, lines)
+            mask_failures += _mask_failure(
+                bad,
+                f"absent rows (every lane of {policy.absent_rows} is -1) must be exactly 0: not at",
+                expected,
+                actual,
+                lines,
+            )
             finite &= ~absent
         diff = torch.where(finite, (a - e).abs(), torch.zeros_like(e))
     tail = int(_param(params, policy.pre_tail)) if policy.pre_tail and params is not None else 0
@@ -307,7 +350,7 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     bound = own + _term_allowance(expected, policy, context)
     over = diff > bound if finite is None else finite & (diff > bound)
     precise = as_precise(name, e, a, ulp, context)  # per element: its distance from the exact value over the
-    if precise is not None:                            # reference's own (NaN where not known)
+    if precise is not None:  # reference's own (NaN where not known)
         over &= ~(precise <= 1)
     over_count = int(over.sum())
     # Elements inside the bound only thanks to the term allowance: one intermediate term rounded
@@ -335,7 +378,9 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     if isinstance(bound, torch.Tensor) and bool((bound > 0).all()):
         used = diff / bound
     else:
-        used = torch.where(bound > 0, diff / torch.where(bound > 0, bound, 1.0), torch.where(diff > 0, float("inf"), 0.0))
+        used = torch.where(
+            bound > 0, diff / torch.where(bound > 0, bound, 1.0), torch.where(diff > 0, float("inf"), 0.0)
+        )
     if precise is not None:  # an element as precise as the reference uses the smaller share
         used = torch.where(torch.isnan(precise), used, torch.minimum(used, precise))
     bound_used = float(used.max()) if used.numel() else 0.0
@@ -362,7 +407,7 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
             metrics["accumulation_used"] = float((accumulation / torch.as_tensor(bound).clamp_min(1e-300)).max())
         metrics["accumulation_flips"] = round(flips, 2)
         if ref_norm > 0:  # the error the model expects the accumulation to carry, on top of the policy's
-            allowed_rel_l2 = math.sqrt(policy.rel_l2 ** 2 + FLIP_MARGIN * spread.energy / ref_norm ** 2)
+            allowed_rel_l2 = math.sqrt(policy.rel_l2**2 + FLIP_MARGIN * spread.energy / ref_norm**2)
             metrics["rel_l2_allowed"] = allowed_rel_l2
             if not mask_failures:
                 metrics["rel_l2_headroom"] = rel_l2 / allowed_rel_l2
@@ -384,8 +429,9 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     if precision is not None:  # or the reference's own distance from the exact value, the better of the two
         metrics.update(precision)
         if not mask_failures and rel_l2 is not None:
-            metrics["rel_l2_headroom"] = min(rel_l2 / allowed_rel_l2 if allowed_rel_l2 else float("inf"),
-                                             precision["exact_ratio"] / margin)
+            metrics["rel_l2_headroom"] = min(
+                rel_l2 / allowed_rel_l2 if allowed_rel_l2 else float("inf"), precision["exact_ratio"] / margin
+            )
     signed = signed_zeros(expected, actual)
     n_signed = int(signed.sum())
     if n_signed:
@@ -395,14 +441,21 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
     else:  # within the reference's rel L2, or (more precision) no farther from the exact value than it is
         global_ok = rel_l2 <= allowed_rel_l2 or (precision is not None and precision["exact_ratio"] <= margin)
 
-    ok = (mask_failures == 0 and over_count == 0 and global_ok and not scaled
-          and differing_allowed(differing, counted + mask_failures, policy, flips)
-          and (policy.accept_signed_zeros or not n_signed))
+    ok = (
+        mask_failures == 0
+        and over_count == 0
+        and global_ok
+        and not scaled
+        and differing_allowed(differing, counted + mask_failures, policy, flips)
+        and (policy.accept_signed_zeros or not n_signed)
+    )
     if term_flips and ok:  # an accepted difference only where the output passes
         metrics["boundary_flips"] = term_flips
     if ok:
-        notes = (_term_flips_note(name, expected, actual, diff, own, term_flips, policy, context),
-                 signed_zero_note(name, expected, actual, signed))
+        notes = (
+            _term_flips_note(name, expected, actual, diff, own, term_flips, policy, context),
+            signed_zero_note(name, expected, actual, signed),
+        )
         return OutputVerdict(name, True, "\n".join(filter(None, notes)), metrics)
     metrics["ulps_histogram"] = ulps_histogram(ulps if finite is None else ulps[finite])
     header = [f"output '{name}': not close ({policy.describe()})"]
@@ -417,32 +470,67 @@ def _compare_tolerant(name: str, expected: torch.Tensor, actual: torch.Tensor, p
             f"{allowed / float(ulp[worst]):.3g} ulp)"
         )
     if mask_failures:
-        header.append(f"  {mask_failures} of {expected.numel()} element(s) are NaN or inf on one side only, or nonzero "
-                      "in an absent row")
+        header.append(
+            f"  {mask_failures} of {expected.numel()} element(s) are NaN or inf on one side only, or nonzero "
+            "in an absent row"
+        )
     if n_signed and not policy.accept_signed_zeros:
         header.append(f"  {n_signed} element(s) differ in the sign of a zero (strict_signed_zeros)")
     if scaled:
-        header.append(f"  the error is a scale of the logits: {name} moves as if every logit were times 1 "
-                      f"{'-' if logit[0] < 0 else '+'} {abs(logit[0]):.3g}, {abs(logit[1]):.3g} times the spread the "
-                      f"probabilities' roundings give that direction (allowed {LOGIT_Z_LIMIT:g}); check the softmax "
-                      "scale (held in bf16 it is 1 - 1.1e-4 at head_dim 128 and 512), a log2(e) folded into it, and "
-                      "the sink's logit (docs/verdicts.md, \"The logit scale\")")
-    header.append(_error_summary(e, ulps, ulp, max_ulps, max_abs, rel_l2, diff_fraction, counted, mask_failures,
-                                 policy, policy.atol + policy.atol_rel * scale, precision, flips, allowed_rel_l2,
-                                 margin))
+        header.append(
+            f"  the error is a scale of the logits: {name} moves as if every logit were times 1 "
+            f"{'-' if logit[0] < 0 else '+'} {abs(logit[0]):.3g}, {abs(logit[1]):.3g} times the spread the "
+            f"probabilities' roundings give that direction (allowed {LOGIT_Z_LIMIT:g}); check the softmax "
+            "scale (held in bf16 it is 1 - 1.1e-4 at head_dim 128 and 512), a log2(e) folded into it, and "
+            "the sink's logit (docs/verdicts.md, \"The logit scale\")"
+        )
+    header.append(
+        _error_summary(
+            e,
+            ulps,
+            ulp,
+            max_ulps,
+            max_abs,
+            rel_l2,
+            diff_fraction,
+            counted,
+            mask_failures,
+            policy,
+            policy.atol + policy.atol_rel * scale,
+            precision,
+            flips,
+            allowed_rel_l2,
+            margin,
+        )
+    )
     if not isinstance(accumulation, float):
-        header.append(f"  the allowance includes 2^{1 - policy.accumulator_bits:g} x the magnitude of the fp8 GEMM terms "
-                      f"behind each element (a {policy.accumulator_bits:g}-bit tensor-core accumulator: "
-                      "accumulator_bits; docs/verdicts.md, \"GPU arithmetic\")")
+        header.append(
+            f"  the allowance includes 2^{1 - policy.accumulator_bits:g} x the magnitude of the fp8 GEMM terms "
+            f"behind each element (a {policy.accumulator_bits:g}-bit tensor-core accumulator: "
+            "accumulator_bits; docs/verdicts.md, \"GPU arithmetic\")"
+        )
     if over_count:
         header += _value_table(expected, actual, over)
     return OutputVerdict(name, False, "\n".join(header + lines), metrics)
 
 
-def _error_summary(e: torch.Tensor, ulps: torch.Tensor, ulp: torch.Tensor, max_ulps, max_abs, rel_l2,
-                   diff_fraction: float, counted: int, mask_failures: int, policy: Policy, floor: float,
-                   precision: dict | None = None, flips: float = 0.0, allowed_rel_l2: float | None = None,
-                   margin: float = PRECISION_MARGIN) -> str:
+def _error_summary(
+    e: torch.Tensor,
+    ulps: torch.Tensor,
+    ulp: torch.Tensor,
+    max_ulps,
+    max_abs,
+    rel_l2,
+    diff_fraction: float,
+    counted: int,
+    mask_failures: int,
+    policy: Policy,
+    floor: float,
+    precision: dict | None = None,
+    flips: float = 0.0,
+    allowed_rel_l2: float | None = None,
+    margin: float = PRECISION_MARGIN,
+) -> str:
     """The failing output's error line, each figure with its allowance in the unit it is compared in."""
     if mask_failures and not counted:
         return "  no element is finite on both sides: no error to measure (see the positions above)"
@@ -451,29 +539,38 @@ def _error_summary(e: torch.Tensor, ulps: torch.Tensor, ulp: torch.Tensor, max_u
         at = argmax_index(ulps)
         value = float(e[at])
         if floor > 0 and abs(value) <= floor:  # ulps of a value near zero say little: its bound is the floor
-            worst += (f" (at an expected {value:.3g}, inside the absolute allowance {floor:.3g}: "
-                      f"ulps of a value near zero are tiny)")
+            worst += (
+                f" (at an expected {value:.3g}, inside the absolute allowance {floor:.3g}: "
+                f"ulps of a value near zero are tiny)"
+            )
         elif value == 0:  # one ulp of zero is the smallest subnormal: any difference is astronomically many
-            worst += (f" (at an expected 0, where one ulp is {float(ulp[at]):.3g}; this output has no absolute "
-                      "allowance)")
+            worst += (
+                f" (at an expected 0, where one ulp is {float(ulp[at]):.3g}; this output has no absolute allowance)"
+            )
     allowed = policy.rel_l2 if allowed_rel_l2 is None else allowed_rel_l2
     why = []
     if flips:
         why.append("with the error the accumulator model expects")
     n_diff = min(counted, max(round(diff_fraction * (counted + mask_failures)), 1))
     if n_diff < STATISTIC_BASE and allowed != policy.rel_l2:
-        why.append(f"{n_diff} element(s) differ, fewer than {STATISTIC_BASE}: x sqrt({STATISTIC_BASE}/n), at most 1 ulp")
+        why.append(
+            f"{n_diff} element(s) differ, fewer than {STATISTIC_BASE}: x sqrt({STATISTIC_BASE}/n), at most 1 ulp"
+        )
     rel = f"rel L2 {rel_l2:.3g} (allowed {allowed:.3g}" + (f" {', '.join(why)})" if why else ")")
     if precision is not None:
-        rel += (f", nor as precise: L2 distance from the exact value {precision['exact_l2']:.3g}, "
-                f"{precision['exact_ratio']:.3g}x the reference's own {precision['reference_l2']:.3g} (allowed "
-                f"{margin:.3g}x)")
+        rel += (
+            f", nor as precise: L2 distance from the exact value {precision['exact_l2']:.3g}, "
+            f"{precision['exact_ratio']:.3g}x the reference's own {precision['reference_l2']:.3g} (allowed "
+            f"{margin:.3g}x)"
+        )
     over = f" over the {counted} element(s) finite on both sides" if mask_failures else ""
     share = f"{100 * diff_fraction:.3g}% of elements differ"
     if policy.max_diff_fraction < 1:
-        share += (f" (allowed {100 * policy.max_diff_fraction:.3g}% plus {SHARE_SIGMAS:g} standard deviations of that "
-                  f"count, at least {100 * policy.max_diff_fraction:.3g}% of {STATISTIC_BASE}: "
-                  f"{allowed_differing(counted + mask_failures, policy):.3g} element(s)")
+        share += (
+            f" (allowed {100 * policy.max_diff_fraction:.3g}% plus {SHARE_SIGMAS:g} standard deviations of that "
+            f"count, at least {100 * policy.max_diff_fraction:.3g}% of {STATISTIC_BASE}: "
+            f"{allowed_differing(counted + mask_failures, policy):.3g} element(s)"
+        )
         share += f", plus {flips:.3g} rounding flips the accumulator model expects)" if flips else ")"
     return f"  {worst}, max |diff| {max_abs:.3g}, {rel}{over}; {share}"
 
@@ -524,22 +621,32 @@ def allowed_differing(numel: int, policy: Policy) -> float:
     return max(mean + SHARE_SIGMAS * math.sqrt(mean), policy.max_diff_fraction * STATISTIC_BASE)
 
 
-def _term_flips_note(name: str, expected: torch.Tensor, actual: torch.Tensor, diff: torch.Tensor, own: Any,
-                     flips: int, policy: Policy, context: dict[str, torch.Tensor]) -> str:
+def _term_flips_note(
+    name: str,
+    expected: torch.Tensor,
+    actual: torch.Tensor,
+    diff: torch.Tensor,
+    own: Any,
+    flips: int,
+    policy: Policy,
+    context: dict[str, torch.Tensor],
+) -> str:
     """What a passing output's term flips were: how many, and the largest one with its term."""
     if not flips:
         return ""
     beyond = diff - own
     worst = argmax_index(beyond)
     term = float(context[policy.terms].double()[worst].abs())
-    return (f"output '{name}': {flips} element(s) differ by more than {policy.ulps:g} ulp only by one "
-            f"bf16-rounded term rounding the other way (accepted by policy: {policy.term_ulps:g} bf16 ulp of "
-            f"{policy.terms}); largest at {list(worst)}: actual {_fmt(actual[worst])}, expected "
-            f"{_fmt(expected[worst])}, largest term {term:.6g}")
+    return (
+        f"output '{name}': {flips} element(s) differ by more than {policy.ulps:g} ulp only by one "
+        f"bf16-rounded term rounding the other way (accepted by policy: {policy.term_ulps:g} bf16 ulp of "
+        f"{policy.terms}); largest at {list(worst)}: actual {_fmt(actual[worst])}, expected "
+        f"{_fmt(expected[worst])}, largest term {term:.6g}"
+    )
 
 
 # Upper edges of the error histogram of a failing output, in ulps: 0, 1/2, 1, 2, 4, ... 2^20, more.
-HISTOGRAM_EDGES = (0.0, 0.5) + tuple(float(2 ** k) for k in range(21))
+HISTOGRAM_EDGES = (0.0, 0.5) + tuple(float(2**k) for k in range(21))
 
 
 def ulps_histogram(ulps: torch.Tensor) -> dict[str, list]:
@@ -589,40 +696,67 @@ def _compare_index(
     if order == "sequence" and params.get("sorted") is False and not policy.strict_order:
         order = "unordered"  # an unsorted top-k's order is unspecified: ties are judged as sets
     result = classify_index_rows(
-        expected, actual, scores, offset=offset, largest=bool(params.get("largest", policy.largest)),
-        order=order, id_limit=context.get(policy.limit) if policy.limit else None,
-        fill_is_worst=policy.fill_is_worst, near_ulps=policy.near_tie_ulps,
+        expected,
+        actual,
+        scores,
+        offset=offset,
+        largest=bool(params.get("largest", policy.largest)),
+        order=order,
+        id_limit=context.get(policy.limit) if policy.limit else None,
+        fill_is_worst=policy.fill_is_worst,
+        near_ulps=policy.near_tie_ulps,
         leak=params.get("candidate_leak", "upstream") if policy.fill_is_worst else None,
     )
-    metrics = {"rows": result.rows, "rows_exact": result.exact, "rows_tie": result.tie,
-               "rows_near_tie": result.near, "rows_miss": result.miss}
+    metrics = {
+        "rows": result.rows,
+        "rows_exact": result.exact,
+        "rows_tie": result.tie,
+        "rows_near_tie": result.near,
+        "rows_miss": result.miss,
+    }
     unordered = _unordered_rows(expected, actual) if policy.order == "set" else 0
     if unordered:
         metrics["rows_unordered"] = unordered
-        return OutputVerdict(name, False, f"output '{name}': {unordered} row(s) are not in ascending order with the "
-                             "-1 lanes last, as the reference orders them (ids sorted ascending, then -1 fill)\n  "
-                             + result.describe().replace("\n", "\n  "), metrics)
+        return OutputVerdict(
+            name,
+            False,
+            f"output '{name}': {unordered} row(s) are not in ascending order with the "
+            "-1 lanes last, as the reference orders them (ids sorted ascending, then -1 fill)\n  "
+            + result.describe().replace("\n", "\n  "),
+            metrics,
+        )
     if result.all_exact:
         return OutputVerdict(name, True, metrics=metrics)
     near = f", {result.near} near tie" if policy.near_tie_ulps else ""
-    lines = [f"output '{name}': ids differ in {result.rows - result.exact} of {result.rows} row(s): "
-             f"{result.tie} tie order only{near}, {result.miss} miss"]
+    lines = [
+        f"output '{name}': ids differ in {result.rows - result.exact} of {result.rows} row(s): "
+        f"{result.tie} tie order only{near}, {result.miss} miss"
+    ]
     if result.leak_policy:  # a policy, not an order: named first, never accepted with the ties
-        lines[0] += (f" ({result.leak_policy}: the candidate_leak policy differs, not tie order; "
-                     "docs/index-verdicts.md)")
+        lines[0] += f" ({result.leak_policy}: the candidate_leak policy differs, not tie order; docs/index-verdicts.md)"
     lines += ["  " + line for line in result.describe().splitlines()]
-    accepted = [label for count, flag, label in ((result.tie, policy.accept_ties or policy.accept_near_ties, "tie order"),
-                                                 (result.near, policy.accept_near_ties, "near ties")) if count and flag]
-    refused = (result.tie and not (policy.accept_ties or policy.accept_near_ties)) or \
-        (result.near and not policy.accept_near_ties)
+    accepted = [
+        label
+        for count, flag, label in (
+            (result.tie, policy.accept_ties or policy.accept_near_ties, "tie order"),
+            (result.near, policy.accept_near_ties, "near ties"),
+        )
+        if count and flag
+    ]
+    refused = (result.tie and not (policy.accept_ties or policy.accept_near_ties)) or (
+        result.near and not policy.accept_near_ties
+    )
     ok = result.miss == 0 and not refused
     if ok:
         lines[0] += f" ({' and '.join(accepted)} accepted by policy)"
     elif result.miss == 0 and not result.leak_policy:
-        lines.insert(1, "  the selected values are the reference's; only the choice among equal scores differs "
-                        "from torch's CPU order (an argpartition, a stable sort or a parallel top-k): set "
-                        "accept_ties: true for this implementation if it promises the set only "
-                        "(docs/index-verdicts.md)")
+        lines.insert(
+            1,
+            "  the selected values are the reference's; only the choice among equal scores differs "
+            "from torch's CPU order (an argpartition, a stable sort or a parallel top-k): set "
+            "accept_ties: true for this implementation if it promises the set only "
+            "(docs/index-verdicts.md)",
+        )
     return OutputVerdict(name, ok, "\n".join(lines), metrics)
 
 
@@ -650,8 +784,10 @@ def _compare_quantised(
         return exact
     pre = context.get(policy.pre)
     if pre is None:
-        raise KeyError(f"the golden lacks {policy.pre!r} (the values before quantisation); regenerate it with "
-                       "`conformance generate`")
+        raise KeyError(
+            f"the golden lacks {policy.pre!r} (the values before quantisation); regenerate it with "
+            "`conformance generate`"
+        )
     tail = int(_param(params, policy.pre_tail)) if policy.pre_tail else 0
     fmt = FORMATS[policy.quant]
     tol = pre_tolerance(pre, policy.boundary_ulps, tail, policy.boundary_atol_rel, fmt.block)
@@ -661,9 +797,13 @@ def _compare_quantised(
     try:
         verdict = classify_quantised(expected, actual, pre, tol, fmt, policy.encoding)
     except ValueError:  # the expected output is no rounding of `pre` in this format: a diagnosis variant of
-        return exact    # the quantiser itself (harness/diagnosis): no boundary to straddle, judged exactly
-    metrics = {"numel": verdict.numel, "mismatched": verdict.mismatched, "boundary_flips": verdict.flips,
-               "scale_flips": verdict.scale_flips}
+        return exact  # the quantiser itself (harness/diagnosis): no boundary to straddle, judged exactly
+    metrics = {
+        "numel": verdict.numel,
+        "mismatched": verdict.mismatched,
+        "boundary_flips": verdict.flips,
+        "scale_flips": verdict.scale_flips,
+    }
     if verdict.signed_zeros:
         metrics["signed_zeros"] = verdict.signed_zeros
     refused = verdict.flips and not policy.accept_boundary
@@ -672,8 +812,10 @@ def _compare_quantised(
     if verdict.mismatched:
         head += f"; {verdict.mismatched} not explained by a rounding boundary ({policy.describe()})"
         if own is not None and bool(own.any()):
-            head += ("; where the value before quantisation is your own returned intermediate, the quantiser is "
-                     "exact: any difference there is the quantiser's")
+            head += (
+                "; where the value before quantisation is your own returned intermediate, the quantiser is "
+                "exact: any difference there is the quantiser's"
+            )
     elif refused:
         head += " only at rounding boundaries (not accepted: strict_boundaries)"
     elif verdict.differ:

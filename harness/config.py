@@ -32,13 +32,24 @@ TOP_KEYS = {"version", "goldens", "cases", "timeout", "tolerances", "floors", "i
 # cases, tolerances and floors, with this file's own keys on top) or `none` (this file says it all).
 EXTENDS = ("default", "none")
 # Per-implementation verdict flags: which accepted differences it opts into (docs/verdicts.md).
-IMPL_FLAGS = {"accept_ties": ("index", "accept_ties", True),
-              "accept_near_ties": ("index", "accept_near_ties", True),
-              "strict_boundaries": ("quantised", "accept_boundary", False),
-              "strict_signed_zeros": (None, "accept_signed_zeros", False),  # None: every kind
-              "strict_topk_order": ("index", "strict_order", True)}  # an unsorted top-k in torch's order
-IMPL_KEYS = {"python", "command", "batch", "expectations", "tolerances", "note", "supports", "accumulator_bits",
-             *IMPL_FLAGS}
+IMPL_FLAGS = {
+    "accept_ties": ("index", "accept_ties", True),
+    "accept_near_ties": ("index", "accept_near_ties", True),
+    "strict_boundaries": ("quantised", "accept_boundary", False),
+    "strict_signed_zeros": (None, "accept_signed_zeros", False),  # None: every kind
+    "strict_topk_order": ("index", "strict_order", True),
+}  # an unsorted top-k in torch's order
+IMPL_KEYS = {
+    "python",
+    "command",
+    "batch",
+    "expectations",
+    "tolerances",
+    "note",
+    "supports",
+    "accumulator_bits",
+    *IMPL_FLAGS,
+}
 TOLERANCE_SECTIONS = ("defaults", "components")  # tolerances.defaults.<kind>, tolerances.components.<component>
 TOLERANCE_FIELDS = (*TUNABLE, "note")
 # The implementation's fp8 GEMM accumulator, in significant bits (harness/accumulation.py): 14 as an H800's
@@ -102,30 +113,52 @@ class Config:
             return self
         from .store import production_goldens
 
-        budget = self.diagnosis_budget if DIAGNOSIS_ENV in os.environ else \
-            min(self.diagnosis_budget, PRODUCTION_DIAGNOSIS_BUDGET)
-        return replace(self, goldens=production_goldens(self.goldens), cases=self.cases / tier, tier=tier,
-                       timeout=max(self.timeout, PRODUCTION_TIMEOUT), diagnosis_budget=budget)
+        budget = (
+            self.diagnosis_budget
+            if DIAGNOSIS_ENV in os.environ
+            else min(self.diagnosis_budget, PRODUCTION_DIAGNOSIS_BUDGET)
+        )
+        return replace(
+            self,
+            goldens=production_goldens(self.goldens),
+            cases=self.cases / tier,
+            tier=tier,
+            timeout=max(self.timeout, PRODUCTION_TIMEOUT),
+            diagnosis_budget=budget,
+        )
 
     def settings(self) -> dict:
         """What a worker without this conformance.yaml needs of it (plain JSON; harness/execution.py)."""
-        return {"tolerances": self.tolerances, "floors": self.floors, "default_floor": self.default_floor,
-                "timeout": self.timeout, "impls": self.impls}
+        return {
+            "tolerances": self.tolerances,
+            "floors": self.floors,
+            "default_floor": self.default_floor,
+            "timeout": self.timeout,
+            "impls": self.impls,
+        }
 
     @property
     def generate_command(self) -> str:
         """How to build this tier's goldens."""
         return "conformance generate" + ("" if self.tier == "small" else f" --tier {self.tier}")
 
-    def policy(self, component: Component, output: str, impl: dict[str, Any] | None = None,
-               dtype: torch.dtype | None = None) -> Policy:
+    def policy(
+        self, component: Component, output: str, impl: dict[str, Any] | None = None, dtype: torch.dtype | None = None
+    ) -> Policy:
         """The resolved policy of one output (step outputs `sNN.x` resolve like `x`); cached.
 
         `dtype`, the output's dtype, picks the tolerance kind of a float output: an fp32 output
         is judged by the f32 policy even where the component declares bf16 (and vice versa).
         """
-        own = (tuple(bool(impl.get(flag)) for flag in IMPL_FLAGS), impl.get("accumulator_bits"),
-               repr((impl.get("tolerances") or {}).get(component.name))) if impl else None
+        own = (
+            (
+                tuple(bool(impl.get(flag)) for flag in IMPL_FLAGS),
+                impl.get("accumulator_bits"),
+                repr((impl.get("tolerances") or {}).get(component.name)),
+            )
+            if impl
+            else None
+        )
         by_name = (component.name, output, dtype, own)  # the per-call fast path: a case judges thousands
         cached = self._policies.get(by_name)
         if cached is not None:
@@ -165,7 +198,7 @@ class Config:
             for flag, (kind, field_name, value) in IMPL_FLAGS.items():
                 if impl.get(flag) and kind in (None, policy.kind):
                     policy = policy.with_overrides({field_name: value}, f"{where}: impls {flag}")
-            own = ((impl.get("tolerances") or {}).get(component.name) or {})
+            own = (impl.get("tolerances") or {}).get(component.name) or {}
             own_flat = {k: v for k, v in own.items() if not isinstance(v, dict)}
             policy = policy.with_overrides(own_flat, f"{where}: impl tolerances.{component.name}")
             own_nested = own.get(spec.name)
@@ -175,8 +208,10 @@ class Config:
             if bits is not None:
                 lo, hi = ACCUMULATOR_BITS
                 if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not lo <= bits <= hi:
-                    raise UsageError(f"{where}: impls accumulator_bits must be a number of significant bits in "
-                                     f"[{lo}, {hi}] (14: an H800's fp8 tensor cores; 24: an fp32 accumulator), not {bits!r}")
+                    raise UsageError(
+                        f"{where}: impls accumulator_bits must be a number of significant bits in "
+                        f"[{lo}, {hi}] (14: an H800's fp8 tensor cores; 24: an fp32 accumulator), not {bits!r}"
+                    )
                 policy = replace(policy, accumulator_bits=float(bits))
         return policy
 
@@ -197,8 +232,9 @@ class Config:
             _check_component_block(block, where, registry[name])
         for name in self.floors:
             if name not in known:
-                raise UsageError(f"{self.path}: floors.{name}: no such component; allowed: default, "
-                                 f"{', '.join(sorted(known))}")
+                raise UsageError(
+                    f"{self.path}: floors.{name}: no such component; allowed: default, {', '.join(sorted(known))}"
+                )
         for impl_name, impl in self.impls.items():
             where = f"{self.path}: impls.{impl_name}.tolerances"
             own = impl.get("tolerances") or {}
@@ -228,8 +264,11 @@ class Config:
             theirs = _flat_settings(load_config(default))
             if self.tier != "small":  # the tier's own default timeout is no override
                 theirs["timeout"] = max(theirs["timeout"], PRODUCTION_TIMEOUT)
-        out = [{"key": key, "value": mine.get(key), "default": theirs.get(key)}
-               for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)]
+        out = [
+            {"key": key, "value": mine.get(key), "default": theirs.get(key)}
+            for key in sorted(set(mine) | set(theirs))
+            if mine.get(key) != theirs.get(key)
+        ]
         impl = self.impls.get(impl_name) or {}
         for flag in IMPL_FLAGS:
             if impl.get(flag):
@@ -271,18 +310,25 @@ def _check_component_block(block: Any, where: str, component: Component) -> None
         if key in outputs:
             _check_fields(value, f"{where}.{key}")
             continue
-        what = "a tolerance field takes a number or true/false, not a mapping" if key in TOLERANCE_FIELDS else \
-            f"neither a tolerance field nor an output of {component.name}"
-        raise UsageError(f"{where}.{key}: {what}; allowed: the fields {', '.join(TOLERANCE_FIELDS)}, "
-                         f"or a block per output: {', '.join(outputs)}")
+        what = (
+            "a tolerance field takes a number or true/false, not a mapping"
+            if key in TOLERANCE_FIELDS
+            else f"neither a tolerance field nor an output of {component.name}"
+        )
+        raise UsageError(
+            f"{where}.{key}: {what}; allowed: the fields {', '.join(TOLERANCE_FIELDS)}, "
+            f"or a block per output: {', '.join(outputs)}"
+        )
 
 
 def _check_tolerance_sections(tolerances: dict, path: Path) -> None:
     """tolerances: holds `defaults` (per kind) and `components` (per component) and nothing else."""
     for key, value in tolerances.items():
         if key not in TOLERANCE_SECTIONS:
-            raise UsageError(f"{path}: tolerances.{key}: unknown key; allowed: {', '.join(TOLERANCE_SECTIONS)} "
-                             f"(a component's tolerances go under tolerances.components.<component>)")
+            raise UsageError(
+                f"{path}: tolerances.{key}: unknown key; allowed: {', '.join(TOLERANCE_SECTIONS)} "
+                f"(a component's tolerances go under tolerances.components.<component>)"
+            )
         if value is not None and not isinstance(value, dict):
             raise UsageError(f"{path}: tolerances.{key} must be a mapping")
     for kind, block in (tolerances.get("defaults") or {}).items():
@@ -363,9 +409,11 @@ def load_config(path: Path | None = None) -> Config:
     if path is None:
         path = find_config() or default
         if path is None:
-            raise UsageError(f"no {CONFIG_NAME} found in this folder or above, and this install of the harness "
-                             "carries no golden store; pass --config, or reinstall the package (its wheel holds "
-                             "the goldens)")
+            raise UsageError(
+                f"no {CONFIG_NAME} found in this folder or above, and this install of the harness "
+                "carries no golden store; pass --config, or reinstall the package (its wheel holds "
+                "the goldens)"
+            )
     path = Path(path)
     doc = _read(path)
     anchors = {"goldens": path, "cases": path}
@@ -400,8 +448,10 @@ def load_config(path: Path | None = None) -> Config:
                 raise UsageError(f"{path}: impls.{name}.{flag} must be true or false, not {impl[flag]!r}")
         supports = impl.get("supports")
         if supports is not None and (not isinstance(supports, list) or not all(isinstance(p, str) for p in supports)):
-            raise UsageError(f"{path}: impls.{name}.supports must be a list of component name patterns "
-                             f"(e.g. [quant.*, indexer.select]), not {supports!r}")
+            raise UsageError(
+                f"{path}: impls.{name}.supports must be a list of component name patterns "
+                f"(e.g. [quant.*, indexer.select]), not {supports!r}"
+            )
     _check_tolerance_sections(config.tolerances, path)
     return config
 

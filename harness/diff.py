@@ -70,8 +70,14 @@ def compare_stores(base: dict, new: dict) -> dict:
     """Whether the two runs judged the same golden store, and a sentence saying so when they did not."""
     a, b = base.get("store"), new.get("store")
     same = same_store(a, b)
-    note = "" if same else (f"the runs judged different golden stores: base {describe(a)}, new {describe(b)}; "
-                            "a case whose golden changed is judged as new, and a difference may be the store's")
+    note = (
+        ""
+        if same
+        else (
+            f"the runs judged different golden stores: base {describe(a)}, new {describe(b)}; "
+            "a case whose golden changed is judged as new, and a difference may be the store's"
+        )
+    )
     return {"same": same, "base": a, "new": b, "note": note}
 
 
@@ -100,8 +106,12 @@ def _kind(b: dict | None, a: dict | None) -> str:
 
 def _entry(case_id: str, b: dict | None, a: dict | None) -> dict:
     some = a or b
-    entry = {"id": case_id, "component": some["component"], "before": b["status"] if b else None,
-             "after": a["status"] if a else None}
+    entry = {
+        "id": case_id,
+        "component": some["component"],
+        "before": b["status"] if b else None,
+        "after": a["status"] if a else None,
+    }
     if a is not None and _bad(a["status"]):
         entry["why"] = "; ".join(failing_lines(a, most=2))
     if b is not None and a is not None and b.get("golden_sha256") != a.get("golden_sha256"):
@@ -114,8 +124,16 @@ def _moves(case_id: str, b: dict, a: dict) -> list[dict]:
     out = []
     for (group, bound), value in now.items():
         if (group, bound) in was:
-            out.append({"id": case_id, "component": a["component"], "output": group, "bound": bound,
-                        "before": was[(group, bound)], "after": value})
+            out.append(
+                {
+                    "id": case_id,
+                    "component": a["component"],
+                    "output": group,
+                    "bound": bound,
+                    "before": was[(group, bound)],
+                    "after": value,
+                }
+            )
     return out
 
 
@@ -132,20 +150,30 @@ def _components(base: dict, new: dict, changes: dict[str, list[dict]], moves: li
                 continue
             pair = worst.setdefault((m["output"], m["bound"]), [0.0, 0.0])
             pair[0], pair[1] = max(pair[0], m["before"]), max(pair[1], m["after"])
-        entry["headroom"] = [{"output": o, "bound": b, "before": v[0], "after": v[1]} for (o, b), v in sorted(worst.items())]
+        entry["headroom"] = [
+            {"output": o, "bound": b, "before": v[0], "after": v[1]} for (o, b), v in sorted(worst.items())
+        ]
         out[name] = entry
     return out
 
 
 def _run_of(doc: dict, label: str) -> dict:
-    return {"label": label, "impl": doc.get("impl"), "started": doc.get("started"), "cases": len(doc.get("cases", [])),
-            "exit_code": doc.get("exit_code"), "goldens": (doc.get("goldens") or {}).get("manifest_sha256")}
+    return {
+        "label": label,
+        "impl": doc.get("impl"),
+        "started": doc.get("started"),
+        "cases": len(doc.get("cases", [])),
+        "exit_code": doc.get("exit_code"),
+        "goldens": (doc.get("goldens") or {}).get("manifest_sha256"),
+    }
 
 
 def headroom_line(move: dict, arrow: str = "->") -> str:
     """`out rel L2 0.31 -> 0.74 of the bound`."""
-    return (f"{move['output']} {BOUNDS.get(move['bound'], move['bound'])} {move['before']:.2f} {arrow} "
-            f"{move['after']:.2f} of the bound")
+    return (
+        f"{move['output']} {BOUNDS.get(move['bound'], move['bound'])} {move['before']:.2f} {arrow} "
+        f"{move['after']:.2f} of the bound"
+    )
 
 
 def component_moves(entry: dict, least: float = MOVE) -> list[dict]:

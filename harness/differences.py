@@ -22,12 +22,29 @@ class Difference(NamedTuple):
 
 
 DIFFERENCES = (
-    Difference("rows_tie", "tie_rows", "tie_example", "ties", "tie rows",
-               "row(s) differ only in tie order"),
-    Difference("rows_near_tie", "near_tie_rows", "near_tie_example", "near", "near-tie rows",
-               "row(s) differ only among near-tied ids"),
-    Difference("boundary_flips", "boundary_flips", "boundary_example", "flips", "boundary flips",
-               "element(s) differ only at rounding boundaries"),
-    Difference("signed_zeros", "signed_zeros", "signed_zero_example", "±0", "signed zeros",
-               "element(s) differ only in the sign of a zero"),
+    Difference("rows_tie", "tie_rows", "tie_example", "ties", "tie rows", "row(s) differ only in tie order"),
+    Difference(
+        "rows_near_tie",
+        "near_tie_rows",
+        "near_tie_example",
+        "near",
+        "near-tie rows",
+        "row(s) differ only among near-tied ids",
+    ),
+    Difference(
+        "boundary_flips",
+        "boundary_flips",
+        "boundary_example",
+        "flips",
+        "boundary flips",
+        "element(s) differ only at rounding boundaries",
+    ),
+    Difference(
+        "signed_zeros",
+        "signed_zeros",
+        "signed_zero_example",
+        "±0",
+        "signed zeros",
+        "element(s) differ only in the sign of a zero",
+    ),
 )

@@ -46,14 +46,22 @@ def config_of(run: dict) -> Config:
     if not path.exists() and settings is not None:
         default = store.default_config()
         if default is None:
-            raise UsageError(f"this machine has neither the run's {path} nor a packaged golden store: install "
-                             "v41-conformance from its wheel on every machine of the run")
+            raise UsageError(
+                f"this machine has neither the run's {path} nor a packaged golden store: install "
+                "v41-conformance from its wheel on every machine of the run"
+            )
         path = default
     config = load_config(path)
     if settings is not None:  # the controller's effective settings, whatever file this machine read
-        config = dataclasses.replace(config, tolerances=settings["tolerances"], floors=settings["floors"],
-                                     default_floor=settings["default_floor"], timeout=float(settings["timeout"]),
-                                     impls=settings["impls"], _policies={})
+        config = dataclasses.replace(
+            config,
+            tolerances=settings["tolerances"],
+            floors=settings["floors"],
+            default_floor=settings["default_floor"],
+            timeout=float(settings["timeout"]),
+            impls=settings["impls"],
+            _policies={},
+        )
     return stores_of(config, run)
 
 
@@ -65,9 +73,11 @@ def store_problem(config: Config, run: dict) -> str:
         return store.version_refusal(theirs)
     want, mine = run.get("store"), store.identity(config.goldens, config.tier)
     if want and not store.same_store(want, mine):
-        return (f"this worker ({host}) judges the {store.describe(mine)} but the controller judged the "
-                f"{store.describe(want)}: every machine of a run must hold the same golden store (the same "
-                "package version, or the same --goldens)")
+        return (
+            f"this worker ({host}) judges the {store.describe(mine)} but the controller judged the "
+            f"{store.describe(want)}: every machine of a run must hold the same golden store (the same "
+            "package version, or the same --goldens)"
+        )
     return ""
 
 
@@ -100,8 +110,14 @@ class CaseExecutor:
             problem = ""
         except GoldenError as exc:
             manifest, problem = {}, str(exc)
-        executor = cls(config, spec, manifest, run.get("device", "cpu"), float(run.get("timeout", config.timeout)),
-                       run.get("run_dir"))
+        executor = cls(
+            config,
+            spec,
+            manifest,
+            run.get("device", "cpu"),
+            float(run.get("timeout", config.timeout)),
+            run.get("run_dir"),
+        )
         executor._manifest_error = problem
         executor._store_error = store_problem(config, run)
         return executor
@@ -118,8 +134,12 @@ class CaseExecutor:
             from .ids import split_case_id
 
             return CaseResult(case_id, split_case_id(case_id)[0], "error", f"golden: {self._manifest_error}")
-        return capture.run_captured(capture.output_file(self.run_dir, case_id), lambda: run_case(
-            case_id, self.config, self.impl(), self.spec.name, self.manifest, self.spec.conf, on_executed))
+        return capture.run_captured(
+            capture.output_file(self.run_dir, case_id),
+            lambda: run_case(
+                case_id, self.config, self.impl(), self.spec.name, self.manifest, self.spec.conf, on_executed
+            ),
+        )
 
     def _reread_manifest(self) -> None:
         try:

@@ -81,8 +81,10 @@ def apply_expectations(results: list[dict], expectations: list[Expectation]) -> 
                 result["status"], result["expectation"] = "xfail", note
             elif actual == "pass":
                 result["status"], result["expectation"] = "xpass", note + " (but it passed: remove the entry)"
-                result["message"] = (f"passed, but conformance.yaml expects {exp.status} ({exp.pattern}: {exp.reason}); "
-                                     "remove the expectation so a regression is noticed")
+                result["message"] = (
+                    f"passed, but conformance.yaml expects {exp.status} ({exp.pattern}: {exp.reason}); "
+                    "remove the expectation so a regression is noticed"
+                )
             else:
                 result["expectation"] = note + f" (but it ended {actual})"
             break

@@ -25,8 +25,13 @@ import sys
 import threading
 import warnings
 
-PRELOAD = ["v41_conformance._forkserver_guard", "torch", "v41_conformance.isolation", "v41_conformance.components",
-           "v41_conformance.execution"]  # what every child imports: once, in the server
+PRELOAD = [
+    "v41_conformance._forkserver_guard",
+    "torch",
+    "v41_conformance.isolation",
+    "v41_conformance.components",
+    "v41_conformance.execution",
+]  # what every child imports: once, in the server
 _LOCK = threading.Lock()
 _HOW: dict[str, str] = {}  # how this process's fork server was started (`how`)
 
@@ -66,14 +71,20 @@ def warm_up(here: bool = False) -> None:
         if here and not unsafe:
             preload()
             _ensure_running_as_fork(forkserver)
-            _HOW.update(start="forkserver", server="a fork of the run's process",
-                        why="it had imported torch and the harness, runs no other thread and has not initialised "
-                            "the CUDA driver")
+            _HOW.update(
+                start="forkserver",
+                server="a fork of the run's process",
+                why="it had imported torch and the harness, runs no other thread and has not initialised "
+                "the CUDA driver",
+            )
         else:
             forkserver.ensure_running()
-            why = (unsafe if unsafe else
-                   "inside a host process (a pytest session, a program calling the harness) the fork server is "
-                   "never a fork of it")
+            why = (
+                unsafe
+                if unsafe
+                else "inside a host process (a pytest session, a program calling the harness) the fork server is "
+                "never a fork of it"
+            )
             _HOW.update(start="forkserver", server="a fresh interpreter", why=why)
 
 
@@ -83,8 +94,11 @@ def how() -> dict[str, str]:
     chosen = method()
     if chosen == "spawn":
         wanted = os.environ.get("CONFORMANCE_START_METHOD", "").strip() == "spawn"
-        return {"start": "spawn", "server": "none (each child is a fresh interpreter)",
-                "why": "CONFORMANCE_START_METHOD=spawn" if wanted else "this platform has no forkserver"}
+        return {
+            "start": "spawn",
+            "server": "none (each child is a fresh interpreter)",
+            "why": "CONFORMANCE_START_METHOD=spawn" if wanted else "this platform has no forkserver",
+        }
     if _HOW:
         return dict(_HOW)
     return {"start": chosen, "server": "not started by this process", "why": "no isolation child was started here"}

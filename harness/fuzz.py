@@ -118,8 +118,10 @@ def fuzz(config: Config, options: FuzzOptions) -> dict:
 
     chosen = selected_spaces(options.select)
     if not chosen:
-        raise UsageError(f"--select {','.join(options.select)} matches no component with a case space; "
-                         "`conformance list --components` names them")
+        raise UsageError(
+            f"--select {','.join(options.select)} matches no component with a case space; "
+            "`conformance list --components` names them"
+        )
     import os
 
     import torch
@@ -166,8 +168,10 @@ def fuzz(config: Config, options: FuzzOptions) -> dict:
         shrunk = _shrink_all(failures, chosen, config, store, options, run_dir)
         promoted = _promote_all(shrunk, config, options) if options.promote else {}
         per, problems = judge_components(results, {}, False, "")
-        problems += [f"{i['id']}: the space drew a case the reference refused ({i['why']}); a harness bug, please report"
-                     for i in invalid]
+        problems += [
+            f"{i['id']}: the space drew a case the reference refused ({i['why']}); a harness bug, please report"
+            for i in invalid
+        ]
         doc = _document(options, config, chosen, tallies, results, per, problems, shrunk, promoted, started)
         from .report import write_reports
 
@@ -203,14 +207,22 @@ def _build(case: Sampled, config: Config, store: Store, tally: Tally, invalid: l
         tally.seconds += time.perf_counter() - start
 
 
-def _judge(batch: list[str], config: Config, store: Store, options: FuzzOptions, report_dir: Path,
-           tallies: dict[str, Tally]) -> list[dict]:
+def _judge(
+    batch: list[str], config: Config, store: Store, options: FuzzOptions, report_dir: Path, tallies: dict[str, Tally]
+) -> list[dict]:
     from .session import RunOptions
     from .session import run as run_session
 
-    run_options = RunOptions(impl=options.impl, select=list(batch), report_dir=report_dir, workers=options.workers,
-                             device=options.device, timeout=options.timeout, isolate=options.isolate,
-                             config_path=options.config_path)
+    run_options = RunOptions(
+        impl=options.impl,
+        select=list(batch),
+        report_dir=report_dir,
+        workers=options.workers,
+        device=options.device,
+        timeout=options.timeout,
+        isolate=options.isolate,
+        config_path=options.config_path,
+    )
     doc = run_session(replace(config, goldens=store.goldens, cases=store.root / "cases"), run_options)
     for case in doc["cases"]:
         tally = tallies[case["component"]]
@@ -234,8 +246,9 @@ def _failures(results: list[dict], sampled: dict[str, Sampled], options: FuzzOpt
     return chosen[: options.shrink_most]
 
 
-def _shrink_all(failures: list[dict], chosen: dict[str, Space], config: Config, store: Store, options: FuzzOptions,
-                run_dir) -> list[dict]:
+def _shrink_all(
+    failures: list[dict], chosen: dict[str, Space], config: Config, store: Store, options: FuzzOptions, run_dir
+) -> list[dict]:
     from .pool import executor_for
 
     if not failures:
@@ -246,7 +259,9 @@ def _shrink_all(failures: list[dict], chosen: dict[str, Space], config: Config, 
     try:
         deadline = time.time() + options.shrink_s
         for failure in failures:
-            out.append(_shrink(failure, chosen[failure["case"]["component"]], config, store, executor, deadline, options))
+            out.append(
+                _shrink(failure, chosen[failure["case"]["component"]], config, store, executor, deadline, options)
+            )
     finally:
         executor.close()
     return out
@@ -256,16 +271,26 @@ def _executor_run(config: Config, store: Store, options: FuzzOptions, run_dir) -
     from .adapters.loader import resolve
 
     spec = resolve(options.impl, config)
-    return {"token": f"fuzz-shrink-{run_dir.token}", "run_dir": str(run_dir.path), "config": str(config.path),
-            "tier": config.tier, "goldens_dir": str(store.goldens), "cases_dir": str(store.root / "cases"),
-            "impl": {"name": spec.name, "kind": spec.kind, "target": spec.target, "root": spec.root, "conf": spec.conf},
-            "device": options.device, "timeout": options.timeout or config.timeout, "isolate": options.isolate,
-            "workers": 1, "prefetch": False,
-            "diagnosis_budget": 0}  # shrinking compares failures' signatures: no diagnosis of each candidate
+    return {
+        "token": f"fuzz-shrink-{run_dir.token}",
+        "run_dir": str(run_dir.path),
+        "config": str(config.path),
+        "tier": config.tier,
+        "goldens_dir": str(store.goldens),
+        "cases_dir": str(store.root / "cases"),
+        "impl": {"name": spec.name, "kind": spec.kind, "target": spec.target, "root": spec.root, "conf": spec.conf},
+        "device": options.device,
+        "timeout": options.timeout or config.timeout,
+        "isolate": options.isolate,
+        "workers": 1,
+        "prefetch": False,
+        "diagnosis_budget": 0,
+    }  # shrinking compares failures' signatures: no diagnosis of each candidate
 
 
-def _shrink(failure: dict, space: Space, config: Config, store: Store, executor, deadline: float,
-            options: FuzzOptions) -> dict:
+def _shrink(
+    failure: dict, space: Space, config: Config, store: Store, executor, deadline: float, options: FuzzOptions
+) -> dict:
     from .generate import build_golden
 
     case, sampled = failure["case"], failure["sampled"]
@@ -296,9 +321,16 @@ def _shrink(failure: dict, space: Space, config: Config, store: Store, executor,
                 steps += 1
                 improved = True
                 break
-    return {"original": case, "sampled": sampled, "entry": current, "case": current_case,
-            "steps": steps, "attempts": attempts, "signature": list(want),
-            "command": reproduce_command(options, sampled.index)}
+    return {
+        "original": case,
+        "sampled": sampled,
+        "entry": current,
+        "case": current_case,
+        "steps": steps,
+        "attempts": attempts,
+        "signature": list(want),
+        "command": reproduce_command(options, sampled.index),
+    }
 
 
 def reproduce_command(options: FuzzOptions, index: int) -> str:
@@ -355,9 +387,18 @@ def promoted_case_file(cases_dir: Path, component: str) -> Path:
     return Path(cases_dir) / f"{component.replace('.', '_')}_fuzz.yaml"
 
 
-def _document(options: FuzzOptions, config: Config, chosen: dict[str, Space], tallies: dict[str, Tally],
-              results: list[dict], per: dict, problems: list[str], shrunk: list[dict], promoted: dict[str, str],
-              started: float) -> dict:
+def _document(
+    options: FuzzOptions,
+    config: Config,
+    chosen: dict[str, Space],
+    tallies: dict[str, Tally],
+    results: list[dict],
+    per: dict,
+    problems: list[str],
+    shrunk: list[dict],
+    promoted: dict[str, str],
+    started: float,
+) -> dict:
     import platform
     import sys
 
@@ -369,16 +410,24 @@ def _document(options: FuzzOptions, config: Config, chosen: dict[str, Space], ta
     failures = []
     for item in shrunk:
         entry = item["entry"]
-        failures.append({
-            "id": item["original"]["id"], "component": item["original"]["component"],
-            "status": item["original"]["status"], "signature": item["signature"],
-            "why": (item["original"].get("message") or "").split("\n")[0][:400],
-            "command": item["command"],
-            "shrunk": {"id": item["case"]["id"], "steps": item["steps"], "attempts": item["attempts"],
-                       "entry": f"component: {entry.component}\ncases:\n" + entry_yaml(entry),
-                       "why": (item["case"].get("message") or "").split("\n")[0][:400]},
-            "promoted": promoted.get(item["original"]["id"], ""),
-        })
+        failures.append(
+            {
+                "id": item["original"]["id"],
+                "component": item["original"]["component"],
+                "status": item["original"]["status"],
+                "signature": item["signature"],
+                "why": (item["original"].get("message") or "").split("\n")[0][:400],
+                "command": item["command"],
+                "shrunk": {
+                    "id": item["case"]["id"],
+                    "steps": item["steps"],
+                    "attempts": item["attempts"],
+                    "entry": f"component: {entry.component}\ncases:\n" + entry_yaml(entry),
+                    "why": (item["case"].get("message") or "").split("\n")[0][:400],
+                },
+                "promoted": promoted.get(item["original"]["id"], ""),
+            }
+        )
     return {
         "schema": RESULTS_SCHEMA,
         "impl": options.impl,
@@ -391,8 +440,12 @@ def _document(options: FuzzOptions, config: Config, chosen: dict[str, Space], ta
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "duration_s": round(time.time() - started, 3),
         "exit_code": exit_code_of(results, problems, "", None),
-        "versions": {"harness": __version__, "torch": torch.__version__, "python": sys.version.split()[0],
-                     "platform": platform.platform()},
+        "versions": {
+            "harness": __version__,
+            "torch": torch.__version__,
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+        },
         "goldens": {"dir": "(fuzz: built in memory from the seed)", "manifest_sha256": None},
         "components": per,
         "problems": problems,
@@ -401,11 +454,19 @@ def _document(options: FuzzOptions, config: Config, chosen: dict[str, Space], ta
         "stale_expectations": [],
         "cases": sorted(results, key=lambda r: r["id"]),
         "fuzz": {
-            "seed": options.seed, "budget_s": options.budget_s, "cases_requested": options.cases,
+            "seed": options.seed,
+            "budget_s": options.budget_s,
+            "cases_requested": options.cases,
             "index": options.index,
-            "components": {name: {"tried": t.tried, "failed": t.failed, "invalid": t.invalid,
-                                  "cases_per_s": round(t.tried / t.seconds, 2) if t.seconds else None}
-                           for name, t in sorted(tallies.items())},
+            "components": {
+                name: {
+                    "tried": t.tried,
+                    "failed": t.failed,
+                    "invalid": t.invalid,
+                    "cases_per_s": round(t.tried / t.seconds, 2) if t.seconds else None,
+                }
+                for name, t in sorted(tallies.items())
+            },
             "spaces": {name: s.note for name, s in sorted(chosen.items())},
             "failures": failures,
         },

@@ -63,7 +63,9 @@ def draw(space: Space, seed: int, index: int, name: str | None = None) -> Sample
         if cost <= MAX_COST_S:
             break
     params, build, cost = best
-    entry = CaseSpec(space.component, name or fuzz_name(seed, index), params, build, source=f"fuzz seed {seed} case {index}")
+    entry = CaseSpec(
+        space.component, name or fuzz_name(seed, index), params, build, source=f"fuzz seed {seed} case {index}"
+    )
     concrete = concrete_specs(entry, component)
     return Sampled(index, concrete[0], entry, cost)
 

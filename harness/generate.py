@@ -24,8 +24,19 @@ from .compare import compare_output
 from .config import Config
 from .errors import GoldenError, HarnessError, UsageError
 from .golden import (
-    MANIFEST, SCHEMA_VERSION, Golden, decode, discover, encode, golden_path, load_verified, manifest_entry,
-    read_manifest, sha256, write_atomic, write_manifest,
+    MANIFEST,
+    SCHEMA_VERSION,
+    Golden,
+    decode,
+    discover,
+    encode,
+    golden_path,
+    load_verified,
+    manifest_entry,
+    read_manifest,
+    sha256,
+    write_atomic,
+    write_manifest,
 )
 from . import cache, regenerated
 from .registry import Component
@@ -33,7 +44,7 @@ from .known import get
 from .runner import golden_context
 from .stepnames import step_name, step_of
 
-SCALE = 1.0 + 2.0 ** -6
+SCALE = 1.0 + 2.0**-6
 
 
 class GenerationError(HarnessError):
@@ -67,8 +78,9 @@ def build_golden(spec: CaseSpec, config: Config) -> Golden:
     regenerate = list(spec.build.get("regenerate") or [])
     unknown = [n for n in regenerate if n not in frozen]
     if unknown:
-        raise GenerationError(f"{spec.id}: build.regenerate names {unknown}, not inputs of {spec.component} "
-                              f"({sorted(frozen)})")
+        raise GenerationError(
+            f"{spec.id}: build.regenerate names {unknown}, not inputs of {spec.component} ({sorted(frozen)})"
+        )
     # One entry per declared output: step outputs `sNN.rows` share the policy of `rows`.
     declared = {component.output_spec(name).name: tensor.dtype for name, tensor in sorted(outputs.items())}
     policies = {name: config.policy(component, name, dtype=dtype).to_json() for name, dtype in sorted(declared.items())}
@@ -98,7 +110,9 @@ def _describe(t: torch.Tensor) -> dict:
     return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}
 
 
-def discrimination_problems(component: Component, golden: Golden, neighbour: Golden | None, config: Config) -> list[str]:
+def discrimination_problems(
+    component: Component, golden: Golden, neighbour: Golden | None, config: Config
+) -> list[str]:
     """Trivial wrong answers that a tolerance policy would accept (must be empty)."""
     problems = []
     params = golden.meta["params"]
@@ -107,7 +121,11 @@ def discrimination_problems(component: Component, golden: Golden, neighbour: Gol
         expected = golden.outputs[name]
         policy = config.policy(component, name, dtype=expected.dtype)
         for label, wrong in _wrong_answers(name, expected, golden, neighbour):
-            if wrong.dtype != expected.dtype or wrong.shape != expected.shape or torch.equal(_bits(wrong), _bits(expected)):
+            if (
+                wrong.dtype != expected.dtype
+                or wrong.shape != expected.shape
+                or torch.equal(_bits(wrong), _bits(expected))
+            ):
                 continue
             verdict = compare_output(name, expected, wrong, policy, context, params)
             if verdict.ok:
@@ -146,8 +164,12 @@ def _wrong_answers(name: str, expected: torch.Tensor, golden: Golden, neighbour:
         yield f"the golden of {neighbour.meta['case_id']}", neighbour.outputs[name]
 
 
-def generate(config: Config, select: list[str] | None = None, check: bool = False,
-             progress: Callable[[int, int, str], None] | None = None) -> GenerateReport:
+def generate(
+    config: Config,
+    select: list[str] | None = None,
+    check: bool = False,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> GenerateReport:
     specs = load_cases(config.cases, select)
     report = GenerateReport()
     manifest = read_manifest(config.goldens, drop_invalid=True)  # invalid keys are dropped, never followed
@@ -171,7 +193,8 @@ def generate(config: Config, select: list[str] | None = None, check: bool = Fals
             problems = discrimination_problems(component, golden, neighbours.get(spec.component), config)
             if problems:
                 raise GenerationError(
-                    f"{spec.id}: the comparison policy is too loose: " + "; ".join(problems)
+                    f"{spec.id}: the comparison policy is too loose: "
+                    + "; ".join(problems)
                     + ". Tighten tolerances in conformance.yaml."
                 )
             neighbours[spec.component] = golden
@@ -242,8 +265,10 @@ def _writing(path, write: Callable[[], None]) -> None:
     try:
         write()
     except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}; `conformance generate` needs a writable "
-                         "golden store (check its permissions, or point `goldens:` in conformance.yaml elsewhere)") from None
+        raise UsageError(
+            f"cannot write {path}: {exc.strerror or exc}; `conformance generate` needs a writable "
+            "golden store (check its permissions, or point `goldens:` in conformance.yaml elsewhere)"
+        ) from None
 
 
 def _merge_manifest(config: Config, changed: dict, removed: set[str]) -> None:
@@ -266,8 +291,11 @@ def _drift(path, data: bytes, golden: Golden, entry: dict | None = None) -> str:
         if entry is None:
             return f"{path}: no frozen golden and no manifest entry (run `conformance generate`)"
         digest = sha256(data)
-        return "" if digest == entry.get("sha256") else (
-            f"rebuilt SHA-256 {digest[:12]}… differs from MANIFEST.json's {str(entry.get('sha256'))[:12]}…")
+        return (
+            ""
+            if digest == entry.get("sha256")
+            else (f"rebuilt SHA-256 {digest[:12]}… differs from MANIFEST.json's {str(entry.get('sha256'))[:12]}…")
+        )
     old_bytes = path.read_bytes()
     if old_bytes == data:
         return ""
@@ -313,7 +341,9 @@ def verify(config: Config) -> dict[str, str]:
             regenerated.restore(golden, component)
             names = set(component.output_names(golden.meta["params"]))
             if component.expected_outputs is None and names != set(golden.outputs):
-                raise GoldenError(f"{golden.path}: outputs {sorted(golden.outputs)} but {component.name} declares {sorted(names)}")
+                raise GoldenError(
+                    f"{golden.path}: outputs {sorted(golden.outputs)} but {component.name} declares {sorted(names)}"
+                )
             missing_in = [t.name for t in component.inputs if not t.when and t.name not in golden.inputs]
             if missing_in:
                 raise GoldenError(f"{golden.path}: lacks input(s) {missing_in}")

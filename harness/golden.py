@@ -22,7 +22,7 @@ from .errors import CaseSpecError, GoldenError
 from .ids import check_case_id
 
 if TYPE_CHECKING:  # torch and safetensors are imported where tensors are read or written, so that
-    import torch   # reading the manifest (which cases exist) stays light
+    import torch  # reading the manifest (which cases exist) stays light
 
 SCHEMA_VERSION = 1
 MANIFEST = "MANIFEST.json"
@@ -74,7 +74,9 @@ def decode(data: bytes, where: str) -> Golden:
     try:
         tensors = st_load(data)
     except (SafetensorError, Exception) as exc:  # safetensors raises several types on garbage
-        raise GoldenError(f"{where}: not a readable safetensors file ({exc}); regenerate it with `conformance generate`") from None
+        raise GoldenError(
+            f"{where}: not a readable safetensors file ({exc}); regenerate it with `conformance generate`"
+        ) from None
     meta = _read_metadata(data, where)
     golden = Golden({}, {}, {}, meta)
     buckets = dict(zip((p.rstrip(".") for p in PREFIXES), (golden.inputs, golden.outputs, golden.aux)))
@@ -111,7 +113,7 @@ def _header_metadata(header: str) -> dict[str, Any]:
 def _read_metadata(data: bytes, where: str) -> dict[str, Any]:
     try:
         header_len = int.from_bytes(data[:8], "little")
-        meta = json.loads(_header_metadata(data[8:8 + header_len].decode())["conformance"])
+        meta = json.loads(_header_metadata(data[8 : 8 + header_len].decode())["conformance"])
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise GoldenError(f"{where}: metadata missing or not JSON ({exc})") from None
     missing = [k for k in REQUIRED_META if k not in meta]
@@ -158,8 +160,10 @@ def read_manifest(goldens_dir: Path, drop_invalid: bool = False) -> dict[str, di
         raise GoldenError(f"{path}: not a valid manifest ({exc}); regenerate with `conformance generate`") from None
     invalid = sorted(key for key in entries if not _valid_id(key))
     if invalid and not drop_invalid:
-        raise GoldenError(f"{path}: key(s) {invalid[:5]} are not case ids <component>/<case>; the manifest was edited "
-                          "or corrupted: restore it from git or run `conformance generate`")
+        raise GoldenError(
+            f"{path}: key(s) {invalid[:5]} are not case ids <component>/<case>; the manifest was edited "
+            "or corrupted: restore it from git or run `conformance generate`"
+        )
     return {k: v for k, v in entries.items() if k not in invalid}
 
 
@@ -181,16 +185,18 @@ def manifest_entry(goldens_dir: Path, case_id: str, data: bytes) -> dict[str, An
     return {"file": rel, "sha256": sha256(data), "size": len(data)}
 
 
-def load_verified(goldens_dir: Path, case_id: str, manifest: dict[str, dict[str, Any]],
-                  generate: str = "conformance generate") -> Golden:
+def load_verified(
+    goldens_dir: Path, case_id: str, manifest: dict[str, dict[str, Any]], generate: str = "conformance generate"
+) -> Golden:
     """Read one golden and check it against its manifest entry and the schema; `generate` is the
     command that builds this tier's goldens (named when the file is missing)."""
     path = golden_path(goldens_dir, case_id)
     entry = manifest.get(case_id)
     if not path.exists():
         pinned = " (MANIFEST.json pins its SHA-256, so the build is checked)" if entry else ""
-        raise GoldenError(f"{path}: golden missing for {case_id}; build it with `{generate} --select '{case_id}'`"
-                          f"{pinned}")
+        raise GoldenError(
+            f"{path}: golden missing for {case_id}; build it with `{generate} --select '{case_id}'`{pinned}"
+        )
     data = path.read_bytes()
     if entry is None:
         raise GoldenError(f"{path}: not listed in {MANIFEST}; regenerate with `conformance generate` so it is hashed")

@@ -23,9 +23,7 @@ def make_case_id(component: str, case: str) -> str:
     if not COMPONENT_RE.match(component):
         raise CaseSpecError(f"invalid component name {component!r}: use dotted lowercase words")
     if not CASE_RE.match(case):
-        raise CaseSpecError(
-            f"invalid case name {case!r} in {component}: use letters, digits, '-', '_', '.', '='"
-        )
+        raise CaseSpecError(f"invalid case name {case!r} in {component}: use letters, digits, '-', '_', '.', '='")
     return f"{component}/{case}"
 
 
@@ -43,8 +41,10 @@ def check_case_id(case_id: str) -> tuple[str, str]:
         raise CaseSpecError(f"case id {case_id!r} is not a string")
     component, case = split_case_id(case_id)
     if not COMPONENT_RE.match(component) or not CASE_RE.match(case) or case in (".", ".."):
-        raise CaseSpecError(f"invalid case id {case_id!r}: expected <component>/<case> with a dotted lowercase "
-                            "component and a case of letters, digits, '-', '_', '.', '='")
+        raise CaseSpecError(
+            f"invalid case id {case_id!r}: expected <component>/<case> with a dotted lowercase "
+            "component and a case of letters, digits, '-', '_', '.', '='"
+        )
     return component, case
 
 

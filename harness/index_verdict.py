@@ -53,7 +53,7 @@ VIOLATION_KINDS: dict[str, str] = {
     "unexpected_id": "valid id where the reference has -1",
     "leaked": "leak: a valid id of a masked (-inf) row where the case's candidate_leak is drop",
     "dropped": "drop: -1 where the reference leaks a masked (-inf) row, and no masked row anywhere "
-               "in the output: the drop policy where the case's candidate_leak is upstream",
+    "in the output: the drop policy where the case's candidate_leak is upstream",
 }
 LEAK_KINDS = ("leaked", "dropped")  # the candidate-pool policy (docs/index-verdicts.md): never tie order
 _MAX_MESSAGES = 20
@@ -286,10 +286,7 @@ def classify_index_rows(
         oob |= a_valid & (av >= limits[rows][:, None])
     a_ok = a_valid & ~oob
     srt = torch.sort(torch.where(a_valid, av, -1), dim=1).values
-    viol = {
-        "out_of_range": oob.any(dim=1),
-        "duplicate": ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] != -1)).any(dim=1),
-    }
+    viol = {"out_of_range": oob.any(dim=1), "duplicate": ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] != -1)).any(dim=1)}
     if order == "sequence":  # "unordered" rows are sorted by now: counts decide, as for sets
         viol["missing_id"] = (e_ok & ~a_valid).any(dim=1)
         viol["unexpected_id"] = (a_valid & ~e_ok).any(dim=1)
@@ -327,8 +324,9 @@ def classify_index_rows(
         near_e = e_ok & ((se - kth[:, None]).abs() <= band[:, None])
         near_a = a_ok & ((sa - kth[:, None]).abs() <= band[:, None])
         near = ~tie & ~broken & has_kth & torch.isfinite(kth)
-        near &= _same_outside(ev, av, e_ok & ~near_e & ~tied_e, a_ok & ~near_a & ~tied_a,
-                              near_e | tied_e, near_a | tied_a)
+        near &= _same_outside(
+            ev, av, e_ok & ~near_e & ~tied_e, a_ok & ~near_a & ~tied_a, near_e | tied_e, near_a | tied_a
+        )
         if order == "sequence":
             near &= ((se - sa).abs() <= 2 * band[:, None]).all(dim=1)
     lim_of = (lambda j: None) if limits is None else (lambda j: int(limits[rows_l[j]]))
@@ -345,20 +343,52 @@ def classify_index_rows(
             messages.append(f"row {_multi(rows_l[j], lead)}: {VIOLATION_KINDS[kind]} ({kind})")
 
     def example(j: int, within: float = 0.0) -> RowExample:
-        return _example(j, rows_l[j], lead, expected, actual, sv[j, :n], offset, lim_of(j),
-                        kth[j] if bool(has_kth[j]) else None, viol, within)
+        return _example(
+            j,
+            rows_l[j],
+            lead,
+            expected,
+            actual,
+            sv[j, :n],
+            offset,
+            lim_of(j),
+            kth[j] if bool(has_kth[j]) else None,
+            viol,
+            within,
+        )
 
     first_tie = example(tie_l.index(True)) if tie_rows else None
     first_near = example(near_l.index(True), float(band[near_l.index(True)])) if near_rows else None
     first_miss = example(rows_l.index(miss_rows[0])) if miss_rows else None
-    return IndexVerdict(lead, r, r - len(rows_l), len(tie_rows), len(miss_rows),
-                        tie_rows, miss_rows, kinds, tuple(messages), first_tie, first_miss,
-                        len(near_rows), near_rows, first_near)
+    return IndexVerdict(
+        lead,
+        r,
+        r - len(rows_l),
+        len(tie_rows),
+        len(miss_rows),
+        tie_rows,
+        miss_rows,
+        kinds,
+        tuple(messages),
+        first_tie,
+        first_miss,
+        len(near_rows),
+        near_rows,
+        first_near,
+    )
 
 
-def _leak_violations(leak: str, e: torch.Tensor, scores: torch.Tensor, offset: int, rows: torch.Tensor,
-                     a_ok: torch.Tensor, sa: torch.Tensor, e_ok: torch.Tensor, se: torch.Tensor
-                     ) -> dict[str, torch.Tensor]:
+def _leak_violations(
+    leak: str,
+    e: torch.Tensor,
+    scores: torch.Tensor,
+    offset: int,
+    rows: torch.Tensor,
+    a_ok: torch.Tensor,
+    sa: torch.Tensor,
+    e_ok: torch.Tensor,
+    se: torch.Tensor,
+) -> dict[str, torch.Tensor]:
     """The ``leaked`` / ``dropped`` flags of the non-exact rows (``classify_index_rows``' leak)."""
     ninf = float("-inf")
     a_masked = (a_ok & (sa == ninf)).sum(dim=1)  # [R'] valid ids at -inf, per row
@@ -375,8 +405,14 @@ def _leak_violations(leak: str, e: torch.Tensor, scores: torch.Tensor, offset: i
     return {"leaked": none, "dropped": (a_masked < e_masked) & (not leaks_somewhere)}
 
 
-def _same_outside(ev: torch.Tensor, av: torch.Tensor, outside_e: torch.Tensor, outside_a: torch.Tensor,
-                  inside_e: torch.Tensor, inside_a: torch.Tensor) -> torch.Tensor:
+def _same_outside(
+    ev: torch.Tensor,
+    av: torch.Tensor,
+    outside_e: torch.Tensor,
+    outside_a: torch.Tensor,
+    inside_e: torch.Tensor,
+    inside_a: torch.Tensor,
+) -> torch.Tensor:
     """[R'] rows whose ids outside the tied (or near-tied) set agree as sets, with equally many
     ids inside it on both sides."""
     core_e = torch.sort(torch.where(outside_e, ev, _BIG), dim=1).values
@@ -389,9 +425,17 @@ def _multi(flat: int, lead: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _example(
-    j: int, flat: int, lead: tuple[int, ...], expected: torch.Tensor, actual: torch.Tensor,
-    s_row: torch.Tensor, offset: int, id_limit: int | None, kth: torch.Tensor | None,
-    viol: dict[str, torch.Tensor], band: float = 0.0,
+    j: int,
+    flat: int,
+    lead: tuple[int, ...],
+    expected: torch.Tensor,
+    actual: torch.Tensor,
+    s_row: torch.Tensor,
+    offset: int,
+    id_limit: int | None,
+    kth: torch.Tensor | None,
+    viol: dict[str, torch.Tensor],
+    band: float = 0.0,
 ) -> RowExample:
     """Spell out one row (original slot order, not the sorted form used for "set")."""
     k, n = expected.shape[-1], s_row.shape[0]
@@ -424,8 +468,14 @@ def _example(
     )
 
 
-def tie_choice_bits(ids: torch.Tensor, scores: torch.Tensor, *, offset: int = 0, largest: bool = True,
-                    id_limit: int | torch.Tensor | None = None) -> float:
+def tie_choice_bits(
+    ids: torch.Tensor,
+    scores: torch.Tensor,
+    *,
+    offset: int = 0,
+    largest: bool = True,
+    id_limit: int | torch.Tensor | None = None,
+) -> float:
     """How much choice the ties of a selection hold, in bits: over the rows, log2 of the number of
     ways to pick as many ids as `ids` holds among those tied with its k-th score, C(tied, picked).
     A tie-breaking rule that reproduces every row of `ids` by chance does so with probability

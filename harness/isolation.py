@@ -44,8 +44,15 @@ def judging_limit(timeout: float) -> float:
     (rederiving a production case's stages costs about what the reference's run of them does)."""
     return max(JUDGING_MIN, 4 * timeout)
 
-STICKY_CUDA_MARKERS = ("CUDA error", "device-side assert", "illegal memory access", "cudaErrorIllegalAddress",
-                       "unspecified launch failure", "CUBLAS_STATUS_EXECUTION_FAILED")
+
+STICKY_CUDA_MARKERS = (
+    "CUDA error",
+    "device-side assert",
+    "illegal memory access",
+    "cudaErrorIllegalAddress",
+    "unspecified launch failure",
+    "CUBLAS_STATUS_EXECUTION_FAILED",
+)
 
 
 def _die_with_parent() -> None:
@@ -95,7 +102,6 @@ def _child_main(conn, run_config: dict) -> None:
         conn.send(("result", result.to_json()))
 
 
-
 @dataclass
 class _Child:
     process: object  # a multiprocessing Process
@@ -128,7 +134,9 @@ class IsolatedWorker:
         if self.child is None:
             self._start()
         if self.broken:
-            return CaseResult(case_id, component, "error", f"the implementation could not be loaded in the worker: {self.broken}")
+            return CaseResult(
+                case_id, component, "error", f"the implementation could not be loaded in the worker: {self.broken}"
+            )
         child = self.child
         try:
             child.conn.send((case_id, output))
@@ -143,15 +151,23 @@ class IsolatedWorker:
             if remaining <= 0:
                 self._stop(kill=True)
                 if executed is not None:
-                    return CaseResult(case_id, component, "error",
-                                      f"the implementation ran in {executed - start:.1f} s, but the harness's judgement "
-                                      f"of its outputs did not finish within {judging_limit(self.timeout):g} s "
-                                      "after it (a harness problem: please report it with this case)",
-                                      duration_s=time.perf_counter() - start)
-                return CaseResult(case_id, component, "timeout",
-                                  f"no result after {self.timeout:g} s; the worker's process group was killed "
-                                  "and a fresh worker took the next case (raise --timeout if the case is just slow)",
-                                  duration_s=time.perf_counter() - start)
+                    return CaseResult(
+                        case_id,
+                        component,
+                        "error",
+                        f"the implementation ran in {executed - start:.1f} s, but the harness's judgement "
+                        f"of its outputs did not finish within {judging_limit(self.timeout):g} s "
+                        "after it (a harness problem: please report it with this case)",
+                        duration_s=time.perf_counter() - start,
+                    )
+                return CaseResult(
+                    case_id,
+                    component,
+                    "timeout",
+                    f"no result after {self.timeout:g} s; the worker's process group was killed "
+                    "and a fresh worker took the next case (raise --timeout if the case is just slow)",
+                    duration_s=time.perf_counter() - start,
+                )
             try:
                 ready = child.conn.poll(min(remaining, 0.5))
             except (EOFError, OSError):
@@ -185,9 +201,13 @@ class IsolatedWorker:
         else:
             how = f"exited with code {code}"
         self._stop(kill=True)
-        return CaseResult(case_id, component, "crash",
-                          f"the implementation's process {how} while running this case; a fresh worker took the next case",
-                          duration_s=time.perf_counter() - start)
+        return CaseResult(
+            case_id,
+            component,
+            "crash",
+            f"the implementation's process {how} while running this case; a fresh worker took the next case",
+            duration_s=time.perf_counter() - start,
+        )
 
     def _start(self) -> None:
         ctx = forkserver.context()
@@ -207,8 +227,10 @@ class IsolatedWorker:
                 kind, payload = "broken", "the worker died while loading the implementation"
             self.broken = payload if kind == "broken" else ""
         else:
-            self.broken = (f"the worker did not finish importing torch and loading the implementation within {limit:g} s "
-                           "(an overloaded machine, or an implementation that hangs while loading)")
+            self.broken = (
+                f"the worker did not finish importing torch and loading the implementation within {limit:g} s "
+                "(an overloaded machine, or an implementation that hangs while loading)"
+            )
 
     def stop(self) -> None:
         """Kill the child (and whatever it started); the next case starts a fresh one."""

@@ -39,8 +39,9 @@ Z_LIMIT = 6.0
 ROUNDINGS = 1.0 / math.sqrt(6.0)  # two independent roundings, each uniform within half a step: in steps
 
 
-def scale_context(name: str, q: torch.Tensor, kv: torch.Tensor, sink: torch.Tensor, ids: torch.Tensor,
-                  scale: float) -> dict[str, torch.Tensor]:
+def scale_context(
+    name: str, q: torch.Tensor, kv: torch.Tensor, sink: torch.Tensor, ids: torch.Tensor, scale: float
+) -> dict[str, torch.Tensor]:
     """`<name>.logit_scale` (d) and `<name>.logit_spread`, float64 [b, m, h, d], for sparse attention of q
     [b, m, h, d] over kv [b, n, d] rows `ids` [b, m, K] (-1 absent) with a sink logit per head.
 
@@ -70,8 +71,14 @@ def scale_context(name: str, q: torch.Tensor, kv: torch.Tensor, sink: torch.Tens
     return {name + DIRECTION: direction, name + SPREAD: spread}
 
 
-def logit_scale_error(name: str, e: torch.Tensor, a: torch.Tensor, ulp: torch.Tensor, finite: torch.Tensor | None,
-                      context: dict[str, torch.Tensor]) -> tuple[float, float] | None:
+def logit_scale_error(
+    name: str,
+    e: torch.Tensor,
+    a: torch.Tensor,
+    ulp: torch.Tensor,
+    finite: torch.Tensor | None,
+    context: dict[str, torch.Tensor],
+) -> tuple[float, float] | None:
     """(c, z): the error's scale of the logits, and its size in spreads; None where the context holds no
     direction or the output has none (every row absent or one lane). `e`, `a` float64; `ulp` the
     expected value's ulps (its final rounding)."""

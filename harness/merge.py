@@ -19,16 +19,23 @@ def merge_results(parts: list[tuple[str, dict]], floors: dict[str, int]) -> dict
     problems: list[str] = []
     first = parts[0][1]
     _same(parts, "impl", problems)
-    _same(parts, "goldens", problems, what="golden store (its MANIFEST.json's SHA-256)",
-          value=lambda d: (d.get("goldens") or {}).get("manifest_sha256"))
+    _same(
+        parts,
+        "goldens",
+        problems,
+        what="golden store (its MANIFEST.json's SHA-256)",
+        value=lambda d: (d.get("goldens") or {}).get("manifest_sha256"),
+    )
     complete = _check_shards(parts, problems)
     cases: dict[str, dict] = {}
     where: dict[str, str] = {}
     for label, doc in parts:
         owned = (doc.get("selection") or {}).get("owned")
         if owned is not None and owned != len(doc["cases"]):
-            problems.append(f"{label}: owned {owned} case(s) but its results hold {len(doc['cases'])}; "
-                            "the report is incomplete (re-run that shard)")
+            problems.append(
+                f"{label}: owned {owned} case(s) but its results hold {len(doc['cases'])}; "
+                "the report is incomplete (re-run that shard)"
+            )
         for case in doc["cases"]:
             if case["id"] in cases:
                 problems.append(f"case {case['id']} is in {where[case['id']]} and in {label}; kept the first")
@@ -42,7 +49,9 @@ def merge_results(parts: list[tuple[str, dict]], floors: dict[str, int]) -> dict
     stopped = "; ".join(f"{label}: {doc['stopped']}" for label, doc in parts if doc.get("stopped"))
     signals = [doc["exit_code"] - 128 for _, doc in parts if doc.get("exit_code", 0) > 128]
     full_run = complete and all(not doc.get("select") and doc.get("tier", "small") == "small" for _, doc in parts)
-    recorded = {name: entry["floor"] for _, doc in parts for name, entry in doc["components"].items() if "floor" in entry}
+    recorded = {
+        name: entry["floor"] for _, doc in parts for name, entry in doc["components"].items() if "floor" in entry
+    }
     components, judged = judge_components(results, {**floors, **recorded}, full_run, stopped)
     problems += judged
     stale = set.intersection(*(set(doc.get("stale_expectations", [])) for _, doc in parts))
@@ -59,9 +68,18 @@ def merge_results(parts: list[tuple[str, dict]], floors: dict[str, int]) -> dict
         "stopped": stopped,
         "not_run": sum(1 for r in results if r["status"] == NOT_RUN),
         "stale_expectations": sorted(stale),
-        "merged_from": [{"from": label, "shard": doc.get("shard"), "cases": len(doc["cases"]), "device": doc.get("device"),
-                         "exit_code": doc.get("exit_code"), "started": doc.get("started"), "duration_s": doc.get("duration_s")}
-                        for label, doc in parts],
+        "merged_from": [
+            {
+                "from": label,
+                "shard": doc.get("shard"),
+                "cases": len(doc["cases"]),
+                "device": doc.get("device"),
+                "exit_code": doc.get("exit_code"),
+                "started": doc.get("started"),
+                "duration_s": doc.get("duration_s"),
+            }
+            for label, doc in parts
+        ],
         "floors_enforced": full_run,
         "cases": results,
     }
@@ -88,11 +106,18 @@ def _check_shards(parts, problems: list[str]) -> bool:
         return False
     counts = {n for _, (_, n) in sharded}
     if len(counts) > 1:
-        problems.append(f"the shards were cut different ways ({', '.join(f'{label}: {i}/{n}' for label, (i, n) in sharded)})")
+        problems.append(
+            f"the shards were cut different ways ({', '.join(f'{label}: {i}/{n}' for label, (i, n) in sharded)})"
+        )
         return False
     count = counts.pop()
-    _same(parts, "selection", problems, what="selection of cases (--select, the case files)",
-          value=lambda d: (d.get("selection") or {}).get("ids_sha256"))
+    _same(
+        parts,
+        "selection",
+        problems,
+        what="selection of cases (--select, the case files)",
+        value=lambda d: (d.get("selection") or {}).get("ids_sha256"),
+    )
     owners: dict[int, list[str]] = {}
     for label, (index, _) in sharded:
         owners.setdefault(index, []).append(label)
@@ -101,6 +126,8 @@ def _check_shards(parts, problems: list[str]) -> bool:
             problems.append(f"shard {index}/{count} is given twice ({', '.join(labels)}); kept the first")
     missing = [i for i in range(1, count + 1) if i not in owners]
     for index in missing:
-        problems.append(f"shard {index}/{count} is missing: no report among the parts ran it, so its cases "
-                        "were never judged; add its report dir")
+        problems.append(
+            f"shard {index}/{count} is missing: no report among the parts ran it, so its cases "
+            "were never judged; add its report dir"
+        )
     return not missing

@@ -22,7 +22,6 @@ from .rundir import DEFAULT_REPORT_DIR, rerun_dir  # noqa: F401  (DEFAULT_REPORT
 from .store import identity
 
 
-
 @dataclass
 class RunOptions:
     impl: str
@@ -107,8 +106,16 @@ def shard_ids(ids: list[str], index: int, count: int) -> list[str]:
     return [i for i in ids if int(hashlib.sha256(i.encode()).hexdigest()[:8], 16) % count == index - 1]
 
 
-def run_document(config: Config, options: RunOptions, spec, ids: list[str], token: str, run_dir: str | None,
-                 workers: int = 1, prefetch: bool = False) -> dict:
+def run_document(
+    config: Config,
+    options: RunOptions,
+    spec,
+    ids: list[str],
+    token: str,
+    run_dir: str | None,
+    workers: int = 1,
+    prefetch: bool = False,
+) -> dict:
     """What every process of a run needs to judge its cases (`CaseExecutor.from_run`): plain JSON."""
     return {
         "token": token,

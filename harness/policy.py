@@ -48,8 +48,18 @@ KINDS = ("exact", "bf16", "f32", "quantised", "index")
 # tensors computed where the output differs): shown in descriptions, not written into goldens.
 DESCRIPTIVE = ("labels", "accumulates", "precision")
 FLAGS = ("accept_ties", "accept_near_ties", "accept_boundary", "accept_signed_zeros", "strict_order")  # booleans
-TUNABLE = ("ulps", "atol", "atol_rel", "rel_l2", "max_diff_fraction", "argument_ulps", "term_ulps", "boundary_ulps",
-           "boundary_atol_rel", "near_tie_ulps") + FLAGS
+TUNABLE = (
+    "ulps",
+    "atol",
+    "atol_rel",
+    "rel_l2",
+    "max_diff_fraction",
+    "argument_ulps",
+    "term_ulps",
+    "boundary_ulps",
+    "boundary_atol_rel",
+    "near_tie_ulps",
+) + FLAGS
 FLOAT_KINDS = {"bf16": "bf16", "f32": "f32"}  # tolerance kinds, by the output dtype they judge
 # The codes of +0 and -0 in the code formats of this path (sign bit 3 for e2m1, bit 7 for e4m3).
 ZERO_CODES = {"e2m1": (0x0, 0x8), "e4m3": (0x00, 0x80)}
@@ -128,9 +138,7 @@ class Policy:
     def with_overrides(self, overrides: dict[str, Any], where: str) -> Policy:
         unknown = set(overrides) - set(TUNABLE) - {"note"}
         if unknown:
-            raise UsageError(
-                f"{where}: unknown tolerance field(s) {sorted(unknown)}; allowed: {TUNABLE + ('note',)}"
-            )
+            raise UsageError(f"{where}: unknown tolerance field(s) {sorted(unknown)}; allowed: {TUNABLE + ('note',)}")
         clean = {}
         for key, value in overrides.items():
             if key in FLAGS:
@@ -154,8 +162,10 @@ class Policy:
     def from_json(cls, data: dict[str, Any]) -> Policy:
         data = dict(data)
         if "sentinels" in data:  # goldens of schema 1.x: an exact-0 sentinel by value, now absent rows by structure
-            raise UsageError("this golden marks special values by value ('sentinels'); regenerate it with "
-                             "`conformance generate` (absent rows now come from the inputs' ids)")
+            raise UsageError(
+                "this golden marks special values by value ('sentinels'); regenerate it with "
+                "`conformance generate` (absent rows now come from the inputs' ids)"
+            )
         return cls(**data)
 
     def describe(self) -> str:
@@ -174,28 +184,36 @@ class Policy:
             floor += f" + {self.term_ulps:g} bf16 ulp of {self.terms}" if self.term_ulps and self.terms else ""
             if self.accumulates:
                 floor += f" + 2^{1 - self.accumulator_bits:g} x |fp8 GEMM terms|"
-            share = (f", <= {self.max_diff_fraction:g} of elements (+ 4 sd of the count, >= that of 256) differ"
-                     if self.max_diff_fraction < 1.0 else "")
+            share = (
+                f", <= {self.max_diff_fraction:g} of elements (+ 4 sd of the count, >= that of 256) differ"
+                if self.max_diff_fraction < 1.0
+                else ""
+            )
             if share and self.accumulates:
                 share += " beyond the accumulator's expected flips"
             pairs = " (ulps of the RoPE pair's norm in the rotated channels)" if self.pre_tail else ""
             if self.absent_rows:
                 share += f"; exactly 0 where every lane of {self.absent_rows} is -1"
             if self.precision:
-                return (f"{self.kind}: |a-e| <= {self.ulps:g} ulp{pairs}{floor}, or no farther from the exact value than "
-                        f"the reference's own roundings; rel L2 <= {self.rel_l2:g}, or an L2 distance from the exact "
-                        f"value <= {PRECISION_MARGIN:g}x the reference's{share}")
+                return (
+                    f"{self.kind}: |a-e| <= {self.ulps:g} ulp{pairs}{floor}, or no farther from the exact value than "
+                    f"the reference's own roundings; rel L2 <= {self.rel_l2:g}, or an L2 distance from the exact "
+                    f"value <= {PRECISION_MARGIN:g}x the reference's{share}"
+                )
             return f"{self.kind}: |a-e| <= {self.ulps:g} ulp{pairs}{floor}, rel L2 <= {self.rel_l2:g}{share}"
         if self.kind == "index":
-            accepted = [label for flag, label in ((self.accept_ties, "tie order"),
-                                                  (self.accept_near_ties, "near ties")) if flag]
+            accepted = [
+                label for flag, label in ((self.accept_ties, "tie order"), (self.accept_near_ties, "near ties")) if flag
+            ]
             near = f"; near tie within {self.near_tie_ulps:g} ulp of the k-th score" if self.near_tie_ulps else ""
             strict = "; an unsorted top-k in torch's order" if self.strict_order else ""
             return "index: exact" + near + strict + (f" ({' and '.join(accepted)} accepted)" if accepted else "")
         if self.kind == "quantised":
             how = "accepted" if self.accept_boundary else "counted, not accepted"
-            return (f"quantised {self.quant} {self.encoding}: exact; one-step flips where the value before rounding "
-                    f"is within {self.boundary_ulps:g} bf16 ulp of the boundary {how}")
+            return (
+                f"quantised {self.quant} {self.encoding}: exact; one-step flips where the value before rounding "
+                f"is within {self.boundary_ulps:g} bf16 ulp of the boundary {how}"
+            )
         return "exact (bitwise)"
 
 

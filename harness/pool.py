@@ -35,8 +35,10 @@ class CasePool:
         self._cond = threading.Condition()
         self._closed = False
         self.workers = [IsolatedWorker(run, slot) for slot in range(max(1, size))]
-        self._threads = [threading.Thread(target=self._drive, args=(w,), name=f"conformance-slot-{w.slot}", daemon=True)
-                         for w in self.workers]
+        self._threads = [
+            threading.Thread(target=self._drive, args=(w,), name=f"conformance-slot-{w.slot}", daemon=True)
+            for w in self.workers
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -54,8 +56,12 @@ class CasePool:
             except Exception as exc:  # a harness bug: never blame the implementation for it
                 from .ids import split_case_id
 
-                result = CaseResult(case_id, split_case_id(case_id)[0], "error",
-                                    f"harness internal error (please report): {type(exc).__name__}: {exc}")
+                result = CaseResult(
+                    case_id,
+                    split_case_id(case_id)[0],
+                    "error",
+                    f"harness internal error (please report): {type(exc).__name__}: {exc}",
+                )
             with self._cond:
                 self._running.discard(case_id)
                 self._results[case_id] = result

@@ -12,8 +12,9 @@ EXACT = ".exact"  # context suffix: `<output>.exact` holds the output's exact va
 EXACT_ERROR = ".exact_error"  # and `<output>.exact_error` how far the reference's own roundings may take it
 
 
-def as_precise(name: str, e: torch.Tensor, a: torch.Tensor, ulp: torch.Tensor,
-               context: dict[str, torch.Tensor]) -> torch.Tensor | None:
+def as_precise(
+    name: str, e: torch.Tensor, a: torch.Tensor, ulp: torch.Tensor, context: dict[str, torch.Tensor]
+) -> torch.Tensor | None:
     """Per element, its distance from the exact value (`<name>.exact`) over how far the reference's own
     roundings may take it (`<name>.exact_error`) plus the implementation's own final rounding: at most 1,
     an implementation that rounds less than the reference passes wherever it lands (NaN where the exact
@@ -23,12 +24,13 @@ def as_precise(name: str, e: torch.Tensor, a: torch.Tensor, ulp: torch.Tensor,
         return None
     x, err = exact.double().reshape(e.shape), error.double().reshape(e.shape)
     known = torch.isfinite(x) & torch.isfinite(err) & torch.isfinite(a)
-    share = (a - x).abs() / (err + ulp / 2 + x.abs() * 2.0 ** -20)
+    share = (a - x).abs() / (err + ulp / 2 + x.abs() * 2.0**-20)
     return torch.where(known, share, torch.full_like(share, float("nan")))
 
 
-def precision_against_exact(name: str, e: torch.Tensor, a: torch.Tensor, finite: torch.Tensor | None,
-                            context: dict[str, torch.Tensor]) -> dict | None:
+def precision_against_exact(
+    name: str, e: torch.Tensor, a: torch.Tensor, finite: torch.Tensor | None, context: dict[str, torch.Tensor]
+) -> dict | None:
     """For an output the context gives the exact (unrounded) value of (`<name>.exact`, NaN where it is
     not known): the L2 distances of the implementation's and the reference's values from it, over the
     elements finite everywhere. "More precision than the reference never fails" (docs/verdicts.md)."""

@@ -22,8 +22,16 @@ import torch
 from .tensorbytes import tensor_bytes
 
 ECHO = "protocol.echo"
-DTYPE_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64",
-               torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8", torch.bool: "BOOL"}
+DTYPE_NAMES = {
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.float32: "F32",
+    torch.float64: "F64",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
 
 
 def _tensors(seed: int) -> dict[str, torch.Tensor]:
@@ -31,21 +39,48 @@ def _tensors(seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     base = torch.randn(2, 3, 5, generator=gen, dtype=torch.float64) * 3
     return {
-        "x_bf16": base.to(torch.bfloat16), "x_f16": base[0].to(torch.float16), "x_f32": base[:, 0, 0].float(),
-        "x_f64": base[0, 0, 0].clone(), "x_i64": (base * 1e6).to(torch.int64), "x_i32": (base[1] * -100).to(torch.int32),
-        "x_u8": torch.arange(seed, seed + 7, dtype=torch.uint8) * 37, "x_bool": base[0] > 0,
+        "x_bf16": base.to(torch.bfloat16),
+        "x_f16": base[0].to(torch.float16),
+        "x_f32": base[:, 0, 0].float(),
+        "x_f64": base[0, 0, 0].clone(),
+        "x_i64": (base * 1e6).to(torch.int64),
+        "x_i32": (base[1] * -100).to(torch.int32),
+        "x_u8": torch.arange(seed, seed + 7, dtype=torch.uint8) * 37,
+        "x_bool": base[0] > 0,
         "x_empty": torch.zeros(0, 4, dtype=torch.float32),
     }
 
 
 def requests() -> list[tuple[dict[str, torch.Tensor], dict[str, Any]]]:
     """Two echo requests: every tensor dtype and every param type, the bools flipped between them."""
-    a = {"k": -7, "start": 4097, "eps": 1e-6, "softmax_scale": 0.1, "sorted": False, "largest": True,
-         "mode": "chunk", "note": "naïve — ü", "ids": [3, -1, 0], "empty": [], "schedule": [[0, 5], [5, 6], [3, 9]],
-         "config": {"dim": 64, "norm_eps": 1e-6, "name": "tiny-a", "fp8": True}}
-    b = {"k": 2 ** 40 + 3, "start": 0, "eps": -2.5e-300, "softmax_scale": 1 / 3, "sorted": True, "largest": False,
-         "mode": "decode", "note": "", "ids": [-9], "empty": [], "schedule": [[7, 8]],
-         "config": {"dim": 5120, "norm_eps": 1.0, "name": "production", "fp8": False}}
+    a = {
+        "k": -7,
+        "start": 4097,
+        "eps": 1e-6,
+        "softmax_scale": 0.1,
+        "sorted": False,
+        "largest": True,
+        "mode": "chunk",
+        "note": "naïve — ü",
+        "ids": [3, -1, 0],
+        "empty": [],
+        "schedule": [[0, 5], [5, 6], [3, 9]],
+        "config": {"dim": 64, "norm_eps": 1e-6, "name": "tiny-a", "fp8": True},
+    }
+    b = {
+        "k": 2**40 + 3,
+        "start": 0,
+        "eps": -2.5e-300,
+        "softmax_scale": 1 / 3,
+        "sorted": True,
+        "largest": False,
+        "mode": "decode",
+        "note": "",
+        "ids": [-9],
+        "empty": [],
+        "schedule": [[7, 8]],
+        "config": {"dim": 5120, "norm_eps": 1.0, "name": "production", "fp8": False},
+    }
     return [(_tensors(1), a), (_tensors(2), b)]
 
 
@@ -77,8 +112,6 @@ def _hint(name: str, sent: torch.Tensor, got: torch.Tensor) -> str:
     return ""
 
 
-
-
 def compare(sent: dict[str, torch.Tensor], got: dict[str, Any]) -> list[Finding]:
     """Every item of one echo request that did not come back bit for bit."""
     findings = []
@@ -87,10 +120,15 @@ def compare(sent: dict[str, torch.Tensor], got: dict[str, Any]) -> list[Finding]
         if not isinstance(back, torch.Tensor):
             findings.append(Finding(name, f"sent {_describe(tensor)}; not returned"))
             continue
-        same = back.dtype == tensor.dtype and back.shape == tensor.shape \
+        same = (
+            back.dtype == tensor.dtype
+            and back.shape == tensor.shape
             and bytes(tensor_bytes(back)) == bytes(tensor_bytes(tensor))
+        )
         if not same:
-            findings.append(Finding(name, f"sent {_describe(tensor)}; returned {_describe(back)}{_hint(name, tensor, back)}"))
+            findings.append(
+                Finding(name, f"sent {_describe(tensor)}; returned {_describe(back)}{_hint(name, tensor, back)}")
+            )
     for name in sorted(set(got) - set(sent)):
         findings.append(Finding(name, "returned, but never sent (echo returns exactly what it received)"))
     return findings
@@ -100,9 +138,15 @@ def check_components(answer: list[str]) -> list[Finding]:
     from .known import components
 
     known = set(components())
-    return [Finding("", f"`components` lists {line!r}, which names no component of this harness (known: "
-                        f"`conformance list --components`)")
-            for line in answer if line != ECHO and not any(fnmatch.fnmatchcase(name, line) for name in known)]
+    return [
+        Finding(
+            "",
+            f"`components` lists {line!r}, which names no component of this harness (known: "
+            f"`conformance list --components`)",
+        )
+        for line in answer
+        if line != ECHO and not any(fnmatch.fnmatchcase(name, line) for name in known)
+    ]
 
 
 def check_program(adapter) -> tuple[list[Finding], int]:
@@ -122,8 +166,13 @@ def check_program(adapter) -> tuple[list[Finding], int]:
         try:
             got = adapter.run(ECHO, tensors, params)
         except Unsupported as exc:
-            findings.append(Finding("", f"the program declined {ECHO} ({exc}); answer it (docs/subprocess-protocol.md, "
-                                        "\"Checking the protocol\") to have its parsing checked"))
+            findings.append(
+                Finding(
+                    "",
+                    f"the program declined {ECHO} ({exc}); answer it (docs/subprocess-protocol.md, "
+                    "\"Checking the protocol\") to have its parsing checked",
+                )
+            )
             break
         except ImplementationError as exc:
             findings.append(Finding("", f"{ECHO} failed: {exc}"))

@@ -76,10 +76,16 @@ class CaseItem(pytest.Item):
             from .ids import split_case_id
             from .runner import CaseResult
 
-            result = CaseResult(self.name, split_case_id(self.name)[0], "error",
-                                f"harness internal error (please report): {type(exc).__name__}: {exc}")
+            result = CaseResult(
+                self.name,
+                split_case_id(self.name)[0],
+                "error",
+                f"harness internal error (please report): {type(exc).__name__}: {exc}",
+            )
         if len(result.message) > MESSAGE_CHARS:  # results.json stays readable whatever was printed
-            result.message = result.message[:MESSAGE_CHARS] + f"\n[... {len(result.message) - MESSAGE_CHARS} more characters]"
+            result.message = (
+                result.message[:MESSAGE_CHARS] + f"\n[... {len(result.message) - MESSAGE_CHARS} more characters]"
+            )
         self.user_properties.append((RESULT_KEY, json.dumps(result.to_json())))
         if result.status == "unsupported":
             pytest.skip(result.message)

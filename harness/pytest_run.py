@@ -51,7 +51,7 @@ class Plan:
         if workers < 2:
             return list(self.ids)
         chunk = max(2, len(self.ids) // workers // 4)  # xdist's initial chunk (xdist/scheduler/load.py)
-        head, rest = self.ids[: chunk * workers], self.ids[chunk * workers:]
+        head, rest = self.ids[: chunk * workers], self.ids[chunk * workers :]
         lanes: list[list[str]] = [[] for _ in range(workers)]
         loads = [0.0] * workers
         for case_id in head:  # longest processing time first, into the least loaded lane with room
@@ -120,10 +120,16 @@ class ConformanceRun:
             config.validate()
             config = config.for_tier(option("conformance_tier"))
             report_dir = option("conformance_report_dir")
-            self.options = RunOptions(impl=option("conformance_impl"), select=select or chosen,
-                                      report_dir=Path(report_dir or "reports/latest"), device=option("conformance_device"),
-                                      timeout=option("conformance_timeout"), isolate=not option("conformance_no_isolate"),
-                                      tier=config.tier, config_path=path)
+            self.options = RunOptions(
+                impl=option("conformance_impl"),
+                select=select or chosen,
+                report_dir=Path(report_dir or "reports/latest"),
+                device=option("conformance_device"),
+                timeout=option("conformance_timeout"),
+                isolate=not option("conformance_no_isolate"),
+                tier=config.tier,
+                config_path=path,
+            )
             try:
                 spec = resolve(self.options.impl, config)
             except HarnessError:
@@ -143,8 +149,12 @@ class ConformanceRun:
         token = hashlib.sha256(json.dumps([spec.name, ids, str(config.path), config.tier]).encode()).hexdigest()[:16]
         self.harness_config, self.spec = config, spec
         self.overrides = config.overrides(spec.name)
-        self.plan = Plan(run_document(config, self.options, spec, ids, token, self._open_run_dir()), ids,
-                         {i: round(c, 6) for i, c in costs.items()}, [asdict(e) for e in expectations])
+        self.plan = Plan(
+            run_document(config, self.options, spec, ids, token, self._open_run_dir()),
+            ids,
+            {i: round(c, 6) for i, c in costs.items()},
+            [asdict(e) for e in expectations],
+        )
 
     def _open_run_dir(self) -> str:
         """The session's private folder, as `conformance run` has one: what each case prints is captured
@@ -178,8 +188,10 @@ class ConformanceRun:
         from .store import describe
 
         run = self.plan.run
-        lines = [f"conformance: {self.spec.name} ({self.spec.kind}) on {run['device']}, {len(self.plan.ids)} case(s) of "
-                 f"the {describe(run['store'])}; config {run['config']}"]
+        lines = [
+            f"conformance: {self.spec.name} ({self.spec.kind}) on {run['device']}, {len(self.plan.ids)} case(s) of "
+            f"the {describe(run['store'])}; config {run['config']}"
+        ]
         if run["isolate"] and not self.overridden:
             from .forkserver import how
             from .report.header import children_line
@@ -200,12 +212,12 @@ class ConformanceRun:
 
     def pytest_collection_finish(self, session):
         if self.controller:
-            self.collected = {i.nodeid[len(NODE_PREFIX):] for i in session.items if i.nodeid.startswith(NODE_PREFIX)}
+            self.collected = {i.nodeid[len(NODE_PREFIX) :] for i in session.items if i.nodeid.startswith(NODE_PREFIX)}
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids):
         if self.collected is None:
-            self.collected = {i[len(NODE_PREFIX):] for i in ids if i.startswith(NODE_PREFIX)}
+            self.collected = {i[len(NODE_PREFIX) :] for i in ids if i.startswith(NODE_PREFIX)}
 
     # -- running ------------------------------------------------------------------------------------
     def pytest_sessionstart(self, session):
@@ -227,8 +239,12 @@ class ConformanceRun:
         try:
             result = self._result(case_id, conformance_impl)
         except Exception as exc:  # a harness bug: never blame the implementation for it
-            result = CaseResult(case_id, split_case_id(case_id)[0], "error",
-                                f"harness internal error (please report): {type(exc).__name__}: {exc}")
+            result = CaseResult(
+                case_id,
+                split_case_id(case_id)[0],
+                "error",
+                f"harness internal error (please report): {type(exc).__name__}: {exc}",
+            )
         data = result.to_json()
         apply_expectations([data], [Expectation(**e) for e in self.plan.expectations])
         if len(data.get("message") or "") > MESSAGE_CHARS:
@@ -253,8 +269,10 @@ class ConformanceRun:
                 config = config_of(run)
                 self._own_object = (config, read_manifest(config.goldens))
             config, manifest = self._own_object
-            return run_captured(output_file(run.get("run_dir"), case_id), lambda: run_case(
-                case_id, config, conformance_impl, run["impl"]["name"], manifest, run["impl"]["conf"]))
+            return run_captured(
+                output_file(run.get("run_dir"), case_id),
+                lambda: run_case(case_id, config, conformance_impl, run["impl"]["name"], manifest, run["impl"]["conf"]),
+            )
         if run["isolate"]:  # an isolation child; this process never imports torch for it
             if self._pool is None:
                 shared = getattr(self.config, "workerinput", {}).get(POOL_KEY)
@@ -312,15 +330,26 @@ class ConformanceRun:
         results = [result_of(i, self.collector, stopped, self.options.repro(i, "pytest")) for i in ids]
         expectations = [Expectation(**e) for e in self.plan.expectations]
         apply_expectations([r for r in results if r["id"] not in self.collector.results], expectations)
-        stale = [f"{e.pattern} ({e.status}: {e.reason})" for e in expectations if not any(e.matches(r["id"]) for r in results)]
-        selection = {"total": len(self.plan.ids), "owned": len(ids), "ids_sha256": ids_digest(self.plan.ids),
-                     "deselected": len(self.plan.ids) - len(ids)}
-        doc = summarise(self.harness_config, self.options, self.spec, results, stale, self.started, stopped, signum,
-                        selection)
+        stale = [
+            f"{e.pattern} ({e.status}: {e.reason})"
+            for e in expectations
+            if not any(e.matches(r["id"]) for r in results)
+        ]
+        selection = {
+            "total": len(self.plan.ids),
+            "owned": len(ids),
+            "ids_sha256": ids_digest(self.plan.ids),
+            "deselected": len(self.plan.ids) - len(ids),
+        }
+        doc = summarise(
+            self.harness_config, self.options, self.spec, results, stale, self.started, stopped, signum, selection
+        )
         verdict, doc["exit_code"] = doc["exit_code"], session_exit_status(status, doc["exit_code"])
         if verdict == 0 and doc["exit_code"] != 0:
-            doc["problems"].append(f"the pytest session failed outside the conformance cases (pytest exit status "
-                                   f"{status}): see pytest's own report")
+            doc["problems"].append(
+                f"the pytest session failed outside the conformance cases (pytest exit status "
+                f"{status}): see pytest's own report"
+            )
         if self.config.getoption("conformance_report_dir"):
             if self._run_dir is not None:  # output.log: what each case printed, as `conformance run` keeps it
                 self._run_dir[0].gather_output(ids, {r["id"]: r["status"] for r in results})
@@ -350,8 +379,9 @@ class ConformanceRun:
 
 def _local_workers(config) -> bool:
     """pytest-xdist starts workers on this machine: -n N, or a popen --tx."""
-    return bool(getattr(config.option, "numprocesses", None)) or \
-        any("popen" in spec for spec in (getattr(config.option, "tx", None) or ()))
+    return bool(getattr(config.option, "numprocesses", None)) or any(
+        "popen" in spec for spec in (getattr(config.option, "tx", None) or ())
+    )
 
 
 def _usage(exc: Exception) -> pytest.UsageError:
@@ -410,4 +440,3 @@ def _judge_case(request, conformance_impl):
     if status == "xfail":
         pytest.xfail(data.get("expectation") or message)
     pytest.fail(f"{case_id}: {status}: {message}", pytrace=False)
-

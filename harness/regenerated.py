@@ -110,6 +110,8 @@ def settle(golden: Golden, component) -> None:
         for name in names:
             golden.inputs.pop(name, None)
         restore(golden, component)  # rebuilt from the case seed, checked against the hash, cached again
-        raise GoldenError(f"{golden.path}: the cached input(s) {damaged} did not match the SHA-256 the golden "
-                          "records, and the implementation ran on them; they are rebuilt now: run the case again")
+        raise GoldenError(
+            f"{golden.path}: the cached input(s) {damaged} did not match the SHA-256 the golden "
+            "records, and the implementation ran on them; they are rebuilt now: run the case again"
+        )
     golden.inputs.update(fresh)

@@ -96,7 +96,9 @@ class ParamSpec:
             if not isinstance(value, bool):
                 raise bad()
         elif self.type == "int":
-            if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+            if isinstance(value, bool) or not (
+                isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+            ):
                 raise bad()
             value = int(value)
         elif self.type == "float":
@@ -107,12 +109,15 @@ class ParamSpec:
             if not isinstance(value, str):
                 raise bad()
         elif self.type == "int_list":
-            if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            if not isinstance(value, (list, tuple)) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value
+            ):
                 raise bad()
             value = [int(v) for v in value]
         elif self.type == "int_pairs":
             if not isinstance(value, (list, tuple)) or not all(
-                    isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(v, int) for v in p) for p in value):
+                isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(v, int) for v in p) for p in value
+            ):
                 raise bad()
             value = [[int(a), int(b)] for a, b in value]
         elif self.type == "mapping":
@@ -251,6 +256,7 @@ class Component:
             if value is not None:
                 filled[p.name] = value
         return filled
+
     # What one call returns when that differs from the compared outputs (stepped components and
     # outputs the harness derives), and how each compared output comes from it.
     returns: tuple[TensorSpec, ...] | None = None
@@ -288,7 +294,9 @@ class Component:
             for name in [k for k in outputs if self.intermediate_spec(k) is not None]:
                 value = outputs.pop(name)
                 kept = self.intermediate_spec(name).kept
-                aux[name if kept == "aux" else f"{name}.digest"] = value.contiguous() if kept == "aux" else digests(value, 2)
+                aux[name if kept == "aux" else f"{name}.digest"] = (
+                    value.contiguous() if kept == "aux" else digests(value, 2)
+                )
         return outputs, aux
 
     def param_spec(self, name: str) -> ParamSpec | None:
@@ -300,8 +308,10 @@ class Component:
 
         unknown = sorted(k for k in params if self.param_spec(k) is None)
         if unknown:
-            raise CaseSpecError(f"{where}: {self.name} has no param(s) {unknown}; it takes "
-                                f"{[p.name for p in self.params if not p.driver]}")
+            raise CaseSpecError(
+                f"{where}: {self.name} has no param(s) {unknown}; it takes "
+                f"{[p.name for p in self.params if not p.driver]}"
+            )
         missing = [p.name for p in self.params if p.required and not p.driver and p.name not in params]
         if missing:
             raise CaseSpecError(f"{where}: {self.name} needs param(s) {missing}")

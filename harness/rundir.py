@@ -51,8 +51,10 @@ class RunDir:
             lock.seek(0)
             holder = lock.read().strip() or "another process"
             lock.close()
-            raise UsageError(f"--report-dir {self.report_dir} is in use by another conformance run ({holder}); "
-                             "wait for it to finish or give this run its own --report-dir") from None
+            raise UsageError(
+                f"--report-dir {self.report_dir} is in use by another conformance run ({holder}); "
+                "wait for it to finish or give this run its own --report-dir"
+            ) from None
         lock.seek(0)
         lock.truncate()
         lock.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
@@ -122,4 +124,3 @@ def register_child(run_dir: str | None, pid: int) -> None:
         folder = Path(run_dir) / "children"
         if folder.exists():
             (folder / str(pid)).touch()
-

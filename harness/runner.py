@@ -64,8 +64,15 @@ def repro_command(case_id: str, impl: str) -> str:
 _RERUN_DIR = rerun_dir(DEFAULT_REPORT_DIR)
 
 
-def run_case(case_id: str, config: Config, impl, impl_name: str, manifest: dict, impl_conf: dict | None = None,
-             on_executed: Callable[[], None] | None = None) -> CaseResult:
+def run_case(
+    case_id: str,
+    config: Config,
+    impl,
+    impl_name: str,
+    manifest: dict,
+    impl_conf: dict | None = None,
+    on_executed: Callable[[], None] | None = None,
+) -> CaseResult:
     """The case's result. `on_executed` is called once the implementation has run, before its
     outputs are judged (an isolation child tells its parent: the case's timeout covers the
     implementation, not the harness's judgement)."""
@@ -82,8 +89,15 @@ def run_case(case_id: str, config: Config, impl, impl_name: str, manifest: dict,
     return result
 
 
-def _run(case_id: str, config: Config, impl, manifest: dict, impl_conf: dict, result: CaseResult,
-         on_executed: Callable[[], None] | None = None) -> None:
+def _run(
+    case_id: str,
+    config: Config,
+    impl,
+    manifest: dict,
+    impl_conf: dict,
+    result: CaseResult,
+    on_executed: Callable[[], None] | None = None,
+) -> None:
     registry = components()
     if result.component not in registry:
         raise GoldenError(f"{case_id}: component {result.component!r} is not known to this harness version")
@@ -96,8 +110,15 @@ def _run(case_id: str, config: Config, impl, manifest: dict, impl_conf: dict, re
     _judge_supported(component, golden, impl, config, impl_conf, result, on_executed)
 
 
-def judge_golden(component: Component, golden: Golden, impl, config: Config, impl_conf: dict,
-                 result: CaseResult, on_executed: Callable[[], None] | None = None) -> None:
+def judge_golden(
+    component: Component,
+    golden: Golden,
+    impl,
+    config: Config,
+    impl_conf: dict,
+    result: CaseResult,
+    on_executed: Callable[[], None] | None = None,
+) -> None:
     """Run `impl` on one golden (from a file or built in memory) and record the verdict in `result`."""
     if _supported(component, impl, result):
         _judge_supported(component, golden, impl, config, impl_conf, result, on_executed)
@@ -117,8 +138,15 @@ def _supported(component: Component, impl, result: CaseResult) -> bool:
     return supported
 
 
-def _judge_supported(component: Component, golden: Golden, impl, config: Config, impl_conf: dict,
-                     result: CaseResult, on_executed: Callable[[], None] | None = None) -> None:
+def _judge_supported(
+    component: Component,
+    golden: Golden,
+    impl,
+    config: Config,
+    impl_conf: dict,
+    result: CaseResult,
+    on_executed: Callable[[], None] | None = None,
+) -> None:
     params = component.with_defaults(golden.meta["params"])  # every optional param reaches the implementation
     result.params = {k: v for k, v in params.items() if not isinstance(v, (list, dict)) or k == "schedule"}
     actual = _execute(component, impl, golden, params, result)
@@ -130,13 +158,23 @@ def _judge_supported(component: Component, golden: Golden, impl, config: Config,
         return
     message = _judge(component, golden, actual, params, config, impl_conf, result)
     # A failed comparison only: a protocol error (wrong names, dtypes or shapes) is no porting bug to name.
-    diagnosis = _diagnose(component, golden, actual, params, config, impl_conf, result) \
-        if result.status == "fail" and result.outputs and config.diagnosis_budget > 0 else []
+    diagnosis = (
+        _diagnose(component, golden, actual, params, config, impl_conf, result)
+        if result.status == "fail" and result.outputs and config.diagnosis_budget > 0
+        else []
+    )
     result.message = message.text(diagnosis)
 
 
-def _diagnose(component: Component, golden: Golden, actual: dict, params: dict, config: Config, impl_conf: dict,
-              result: CaseResult) -> list[str]:
+def _diagnose(
+    component: Component,
+    golden: Golden,
+    actual: dict,
+    params: dict,
+    config: Config,
+    impl_conf: dict,
+    result: CaseResult,
+) -> list[str]:
     """Name the known porting bugs under which the failing outputs pass (harness/diagnosis): the
     diagnosis is recorded in `result`, its lines for the message returned."""
     from .diagnosis import diagnose
@@ -149,13 +187,23 @@ def _diagnose(component: Component, golden: Golden, actual: dict, params: dict, 
     screen = None
     step, schedule = result.first_divergent_step, params.get("schedule")
     if step is not None and isinstance(schedule, list) and step + 2 < len(schedule):
+
         def screen(variant_params: dict, stop_on: frozenset[str]):  # noqa: E306
             return rejudged(component, golden, actual, variant_params, config, impl_conf, stop_on, upto=step)
 
-    at = result.first_divergent_stage or (f"step {result.first_divergent_step}"
-                                          if result.first_divergent_step is not None else "")
-    found = diagnose(component.name, verdicts, params, rejudge, config.diagnosis_budget, at, screen,
-                     screen_cost=(step + 2) / len(schedule) if screen is not None else 1.0)
+    at = result.first_divergent_stage or (
+        f"step {result.first_divergent_step}" if result.first_divergent_step is not None else ""
+    )
+    found = diagnose(
+        component.name,
+        verdicts,
+        params,
+        rejudge,
+        config.diagnosis_budget,
+        at,
+        screen,
+        screen_cost=(step + 2) / len(schedule) if screen is not None else 1.0,
+    )
     result.diagnosis = found.to_json()
     return found.lines()
 
@@ -165,8 +213,12 @@ def _bit_for_bit(component: Component, golden: Golden, actual: dict) -> bool:
     chain): then it came from the recorded inputs."""
     if component.chain is not None and CASE_DIGEST in golden.aux:
         return _has_case_digest(golden, actual)
-    return all(isinstance(actual.get(name), torch.Tensor) and not attribute_problem(actual[name], want.dtype, want.shape)
-               and not bool(differing(actual[name], want, 0).any()) for name, want in golden.outputs.items())
+    return all(
+        isinstance(actual.get(name), torch.Tensor)
+        and not attribute_problem(actual[name], want.dtype, want.shape)
+        and not bool(differing(actual[name], want, 0).any())
+        for name, want in golden.outputs.items()
+    )
 
 
 class _Stopped(Exception):
@@ -178,8 +230,16 @@ class _Stopped(Exception):
         self.name = name
 
 
-def rejudged(component: Component, golden: Golden, actual: dict, params: dict, config: Config, impl_conf: dict,
-             stop_on: frozenset[str] = frozenset(), upto: int | None = None):
+def rejudged(
+    component: Component,
+    golden: Golden,
+    actual: dict,
+    params: dict,
+    config: Config,
+    impl_conf: dict,
+    stop_on: frozenset[str] = frozenset(),
+    upto: int | None = None,
+):
     """The implementation's outputs judged again, exactly as `_judge` judges them, against the reference
     re-run now on the case's inputs (under whatever variant of a reference function is in force: the
     diagnosis), stopping at the first failing output of `stop_on`. With `upto`, a schedule's first
@@ -194,16 +254,22 @@ def rejudged(component: Component, golden: Golden, actual: dict, params: dict, c
     if upto is not None:
         params = {**params, "schedule": params["schedule"][: upto + 2]}
         within = lambda name: (step_of(name) or 0) <= upto + 1  # noqa: E731
-        golden = dataclasses.replace(golden, outputs={n: v for n, v in golden.outputs.items() if within(n)},
-                                     aux={n: v for n, v in golden.aux.items() if within(n)})
+        golden = dataclasses.replace(
+            golden,
+            outputs={n: v for n, v in golden.outputs.items() if within(n)},
+            aux={n: v for n, v in golden.aux.items() if within(n)},
+        )
         actual = {n: v for n, v in actual.items() if within(n)}
         stop_on = frozenset(n for n in stop_on if (step_of(n) or 0) <= upto)  # step upto + 1 is not judged
     outputs, aux = component.reference_golden({k: v.clone() for k, v in golden.inputs.items()}, params)
     if set(outputs) != set(golden.outputs):
         return None
     changed = {n for n, v in outputs.items() if not _same_bits(v, golden.outputs[n])}
-    changed |= {n.removesuffix(".digest") for n, v in aux.items() if n.endswith(".digest")
-                and not (n in golden.aux and _same_bits(v, golden.aux[n]))}
+    changed |= {
+        n.removesuffix(".digest")
+        for n, v in aux.items()
+        if n.endswith(".digest") and not (n in golden.aux and _same_bits(v, golden.aux[n]))
+    }
     digest = hashlib.sha256()
     for name, value in [*sorted(outputs.items()), *sorted((n, v) for n, v in aux.items() if n.endswith(".digest"))]:
         digest.update(name.encode())
@@ -218,8 +284,9 @@ def rejudged(component: Component, golden: Golden, actual: dict, params: dict, c
         scores = context.get(policy.scores) if policy.kind == "index" and policy.scores else None
         if scores is not None and scores.shape[:-1] == outputs[name].shape[:-1]:
             offset = int(params.get(policy.offset_param, 0)) if policy.offset_param else 0
-            evidence[name] = tie_choice_bits(golden.outputs[name], scores, offset=offset,
-                                             largest=bool(params.get("largest", policy.largest)))
+            evidence[name] = tie_choice_bits(
+                golden.outputs[name], scores, offset=offset, largest=bool(params.get("largest", policy.largest))
+            )
     judged, _ = _declined(again, actual)
     scratch = CaseResult(golden.meta.get("case_id", ""), component.name, "error")
     try:
@@ -227,9 +294,13 @@ def rejudged(component: Component, golden: Golden, actual: dict, params: dict, c
     except _Stopped as stopped:
         return Rejudged({stopped.name: False}, frozenset(changed), digest.hexdigest(), evidence, complete=False)
     ok = {s.name: bool(s.verdict.ok) for s in stages if upto is None or (step_of(s.name) or 0) <= upto}
+
     def nearer(name: str) -> bool:  # asked only of a failing output a pass would explain
-        return name not in changed or name not in outputs or \
-            moves_toward(golden.outputs[name], outputs[name], actual.get(name))
+        return (
+            name not in changed
+            or name not in outputs
+            or moves_toward(golden.outputs[name], outputs[name], actual.get(name))
+        )
 
     return Rejudged(ok, frozenset(changed), digest.hexdigest(), evidence, nearer=nearer)
 
@@ -238,8 +309,12 @@ def moves_toward(before: torch.Tensor, after: torch.Tensor, answer: Any) -> bool
     """Whether an expected value moved from `before` (the golden's) to `after` (a variant's) comes nearer
     the implementation's `answer`: a smaller L2 distance over the elements finite in all three (floats),
     fewer differing elements (ids, codes, masks). An answer that cannot be read is near nothing."""
-    if not isinstance(answer, torch.Tensor) or answer.shape != before.shape or answer.device.type != "cpu" \
-            or after.shape != before.shape:
+    if (
+        not isinstance(answer, torch.Tensor)
+        or answer.shape != before.shape
+        or answer.device.type != "cpu"
+        or after.shape != before.shape
+    ):
         return False
     if before.dtype.is_floating_point and answer.dtype.is_floating_point:
         b, v, a = before.double(), after.double(), answer.double()
@@ -283,8 +358,11 @@ def _execute(component: Component, impl, golden: Golden, params: dict, result: C
         actual = component.execute(call, inputs, dict(params))
     except Unsupported as exc:
         result.status = "unsupported"
-        result.message = f"implementation does not support this case: {exc}" if str(exc) else \
-            "implementation does not support this case"
+        result.message = (
+            f"implementation does not support this case: {exc}"
+            if str(exc)
+            else "implementation does not support this case"
+        )
         return None
     except StepError as exc:
         result.status, result.kind, result.message = "error", exc.kind, f"implementation failed at {exc}"
@@ -312,8 +390,11 @@ def _declined(golden: Golden, actual: dict) -> tuple[dict, dict[str, str]]:
     declined = {n: v.reason for n, v in actual.items() if isinstance(v, Declined)}
     if not declined:
         return actual, {}
-    kept = {n: (golden.outputs[n] if n in declined else v) for n, v in actual.items()
-            if n not in declined or n in golden.outputs}  # a declined intermediate is one not returned
+    kept = {
+        n: (golden.outputs[n] if n in declined else v)
+        for n, v in actual.items()
+        if n not in declined or n in golden.outputs
+    }  # a declined intermediate is one not returned
     return kept, {n: r for n, r in declined.items() if n in golden.outputs}
 
 
@@ -339,8 +420,15 @@ def _protocol_kind(message: str) -> str:
     return next((kind for start, kind in PROTOCOL_KINDS if problem.startswith(start)), "type error")
 
 
-def _judge(component: Component, golden: Golden, actual: dict, params: dict, config: Config,
-           impl_conf: dict, result: CaseResult) -> Message:
+def _judge(
+    component: Component,
+    golden: Golden,
+    actual: dict,
+    params: dict,
+    config: Config,
+    impl_conf: dict,
+    result: CaseResult,
+) -> Message:
     """Judge every output into `result` (status, outputs, metrics, chain, the message without a
     diagnosis) and return the message in its parts (the diagnosis goes between them)."""
     message = _judged(component, golden, actual, params, config, impl_conf, result)
@@ -348,14 +436,25 @@ def _judge(component: Component, golden: Golden, actual: dict, params: dict, con
     return message
 
 
-def _judged(component: Component, golden: Golden, actual: dict, params: dict, config: Config,
-            impl_conf: dict, result: CaseResult) -> Message:
+def _judged(
+    component: Component,
+    golden: Golden,
+    actual: dict,
+    params: dict,
+    config: Config,
+    impl_conf: dict,
+    result: CaseResult,
+) -> Message:
     expected_names = set(golden.outputs)
     actual, declined = _declined(golden, actual)
     if declined and set(declined) >= expected_names:
         result.status = "unsupported"
-        return Message(["the implementation declined every output: "
-                        + "; ".join(f"{n} ({r})" for n, r in sorted(declined.items()))])
+        return Message(
+            [
+                "the implementation declined every output: "
+                + "; ".join(f"{n} ({r})" for n, r in sorted(declined.items()))
+            ]
+        )
     missing = sorted(expected_names - set(actual))
     extra = sorted(n for n in set(actual) - expected_names if component.intermediate_spec(n) is None)
     if missing or extra:
@@ -419,34 +518,58 @@ def _judged(component: Component, golden: Golden, actual: dict, params: dict, co
         message = Message((["; ".join(accepted) + " (accepted by policy)"] if accepted else []) + chain)
     if declined:
         said = "; ".join(f"{n} ({r})" for n, r in sorted(declined.items()))
-        judged = "judged on the others" + (", those given a declined one given the reference's" if component.chain else "")
+        judged = "judged on the others" + (
+            ", those given a declined one given the reference's" if component.chain else ""
+        )
         message.lead.insert(0, f"declined output(s), not judged: {said}; {judged}")
         result.declined = sorted(declined)
     return message
 
 
-def _verdicts(component: Component, golden: Golden, actual: dict, params: dict, config: Config, impl_conf: dict,
-              result: CaseResult, stop_on: frozenset[str] = frozenset()) -> list[StageVerdict]:
+def _verdicts(
+    component: Component,
+    golden: Golden,
+    actual: dict,
+    params: dict,
+    config: Config,
+    impl_conf: dict,
+    result: CaseResult,
+    stop_on: frozenset[str] = frozenset(),
+) -> list[StageVerdict]:
     """Every output's verdict (and every returned intermediate's), in the order they are reported:
     along the component's chain where it has one, else by name against the golden as stored (or
     conditioned on the boundary flips its `rederive` hook finds). `_Stopped` at the first failing
     output of `stop_on` (the diagnosis)."""
     if component.chain is not None:
         if _has_case_digest(golden, actual):  # the reference's every value (else judged stage by stage)
-            return [StageVerdict(name, identical_verdict(name, value, config.policy(component, name, impl_conf,
-                                                                                     dtype=value.dtype)),
-                                 intermediate=name not in golden.outputs) for name, value in sorted(actual.items())]
+            return [
+                StageVerdict(
+                    name,
+                    identical_verdict(name, value, config.policy(component, name, impl_conf, dtype=value.dtype)),
+                    intermediate=name not in golden.outputs,
+                )
+                for name, value in sorted(actual.items())
+            ]
         context = golden_context(golden)
 
         def judge(name: str, expected: torch.Tensor, value, extra: dict) -> OutputVerdict:
             policy = config.policy(component, name, impl_conf, dtype=expected.dtype)
-            verdict = compare_output(name, expected, value, policy, ChainMap(extra, context) if extra else context, params)
+            verdict = compare_output(
+                name, expected, value, policy, ChainMap(extra, context) if extra else context, params
+            )
             if not verdict.ok and name in stop_on:
                 raise _Stopped(name)
             return verdict
 
-        chain = component.chain(golden.inputs, golden.outputs, golden.aux, actual, params, judge,
-                                config.boundary_policy(component, impl_conf))
+        chain = component.chain(
+            golden.inputs,
+            golden.outputs,
+            golden.aux,
+            actual,
+            params,
+            judge,
+            config.boundary_policy(component, impl_conf),
+        )
         result.boundary_flips += chain.flips
         result.boundary_example = result.boundary_example or chain.flip_example
         return chain.verdicts
@@ -454,7 +577,8 @@ def _verdicts(component: Component, golden: Golden, actual: dict, params: dict, 
     golden, reordered = _reordered(component, golden, actual, params, config, impl_conf)
     context = golden_context(golden)
     if component.judge_context is not None and any(
-            not _same_bits(actual[n], golden.outputs[n]) for n in golden.outputs if isinstance(actual.get(n), torch.Tensor)):
+        not _same_bits(actual[n], golden.outputs[n]) for n in golden.outputs if isinstance(actual.get(n), torch.Tensor)
+    ):
         context.update(component.judge_context(golden.inputs, params))
     out = []
     for name in sorted(golden.outputs):
@@ -464,7 +588,9 @@ def _verdicts(component: Component, golden: Golden, actual: dict, params: dict, 
         if not verdict.ok and name in stop_on:
             raise _Stopped(name)
         if rederived is not None and name in rederived.outputs:
-            verdict.message = f"judged against the reference recomputed with {rederived.example}\n{verdict.message}".strip()
+            verdict.message = (
+                f"judged against the reference recomputed with {rederived.example}\n{verdict.message}".strip()
+            )
         if reordered and name in reordered[0] and verdict.message:  # right under the output's first line
             head, _, rest = verdict.message.partition("\n")
             verdict.message = f"{head}\n  {reordered[1]}" + (f"\n{rest}" if rest else "")
@@ -472,14 +598,19 @@ def _verdicts(component: Component, golden: Golden, actual: dict, params: dict, 
     return out
 
 
-def _reordered(component: Component, golden: Golden, actual: dict, params: dict, config: Config,
-               impl_conf: dict) -> tuple[Golden, tuple[dict, str] | None]:
+def _reordered(
+    component: Component, golden: Golden, actual: dict, params: dict, config: Config, impl_conf: dict
+) -> tuple[Golden, tuple[dict, str] | None]:
     """The golden with the outputs whose order the case leaves unspecified put in the
     implementation's order (the component's `unordered` hook), and what was rearranged."""
     if component.unordered is None:
         return golden, None
-    found = component.unordered(golden.outputs, actual, params,
-                                lambda name: config.policy(component, name, impl_conf, dtype=golden.outputs[name].dtype))
+    found = component.unordered(
+        golden.outputs,
+        actual,
+        params,
+        lambda name: config.policy(component, name, impl_conf, dtype=golden.outputs[name].dtype),
+    )
     if found is None:
         return golden, None
     return dataclasses.replace(golden, outputs={**golden.outputs, **found[0]}), found
@@ -511,8 +642,10 @@ def _given_lines(stage: StageVerdict) -> str:
         parts = [f"your {', '.join(stage.given)}"] if stage.given else []
         if stage.assumed:
             parts.append(f"the reference's {', '.join(stage.assumed)} (you returned none that passed)")
-        lines.append(f"  judged given {'; '.join(parts)}"
-                     + (f"; {stage.rederived_rows} row(s) rederived" if stage.rederived_rows else ""))
+        lines.append(
+            f"  judged given {'; '.join(parts)}"
+            + (f"; {stage.rederived_rows} row(s) rederived" if stage.rederived_rows else "")
+        )
     if stage.hint:
         lines.append(f"  to settle it: {stage.hint}")
     return "".join("\n" + line for line in lines)
@@ -522,8 +655,9 @@ def chain_summary(stages: list[StageVerdict]) -> str:
     """The chain of the call that holds the first failure (else of the first call whose values differ
     from the golden's): each of its stages in order with what it was judged given, e.g. "chain at
     s00.l1: qr: 19 row(s) differ ... -> index_q given your qr: ... -> out given your z: as the golden"."""
-    first = next((s for s in stages if not s.verdict.ok and s.name.count(".") >= 2), None) or \
-        next((s for s in stages if s.rederived_rows and s.name.count(".") >= 2), None)
+    first = next((s for s in stages if not s.verdict.ok and s.name.count(".") >= 2), None) or next(
+        (s for s in stages if s.rederived_rows and s.name.count(".") >= 2), None
+    )
     if first is None:
         return ""
     call = first.name.rsplit(".", 1)[0]
@@ -549,12 +683,21 @@ def _rederived_note(stage: StageVerdict) -> str:
     if not stage.rederived_rows:
         return ""
     given = f" given your {', '.join(stage.given)}" if stage.given else ""
-    return (f"output '{stage.name}': {stage.rederived_rows} row(s) differ from the golden; judged against the "
-            f"reference rederived{given}")
+    return (
+        f"output '{stage.name}': {stage.rederived_rows} row(s) differ from the golden; judged against the "
+        f"reference rederived{given}"
+    )
 
 
-def _rederived(component: Component, golden: Golden, actual: dict, params: dict, config: Config,
-               impl_conf: dict, result: CaseResult) -> tuple[Golden, Rederived | None]:
+def _rederived(
+    component: Component,
+    golden: Golden,
+    actual: dict,
+    params: dict,
+    config: Config,
+    impl_conf: dict,
+    result: CaseResult,
+) -> tuple[Golden, Rederived | None]:
     """The golden the outputs are judged against: as stored, or conditioned on boundary flips
     inside the computation that explain the implementation's outputs (`Rederived`)."""
     if component.rederive is None:
@@ -574,8 +717,11 @@ def _rederived(component: Component, golden: Golden, actual: dict, params: dict,
 
 def golden_context(golden: Golden) -> dict[str, torch.Tensor]:
     """What the comparator may consult: inputs as in.*, the reference's outputs as out.*, aux."""
-    return {**{f"in.{k}": v for k, v in golden.inputs.items()},
-            **{f"out.{k}": v for k, v in golden.outputs.items()}, **golden.aux}
+    return {
+        **{f"in.{k}": v for k, v in golden.inputs.items()},
+        **{f"out.{k}": v for k, v in golden.outputs.items()},
+        **golden.aux,
+    }
 
 
 def _count_differences(result: CaseResult, verdict) -> None:
@@ -621,7 +767,11 @@ def _implementation_frames(exc: BaseException, frames: int = 6) -> str:
     """The raising code's own frames, innermost last (the harness's frames and the adapters' are
     left out: they are the same for every implementation)."""
     harness_dir = str(Path(__file__).resolve().parent)
-    stack = [f for f in traceback.extract_tb(exc.__traceback__) if not str(Path(f.filename).resolve()).startswith(harness_dir)]
+    stack = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not str(Path(f.filename).resolve()).startswith(harness_dir)
+    ]
     if not stack:
         return ""
     lines = traceback.format_list(stack[-frames:])

@@ -189,9 +189,7 @@ def with_rollback(
     pos = prefill
     for i, (written, accepted) in enumerate(drafts):
         if written < 1 or not 0 <= accepted <= written:
-            raise ValueError(
-                f"draft {i}: need written >= 1 and 0 <= accepted <= written, got ({written}, {accepted})"
-            )
+            raise ValueError(f"draft {i}: need written >= 1 and 0 <= accepted <= written, got ({written}, {accepted})")
         steps.append((pos, pos + written))
         pos += accepted
     if final_step < 0:

@@ -69,8 +69,8 @@ from .errors import UsageError
 from .expectations import apply_expectations, load_expectations
 from .golden import MANIFEST
 from .ids import split_case_id
-from .plan import (DEFAULT_REPORT_DIR, RunOptions, case_costs, ids_digest, run_document,  # noqa: F401  (re-exported)
-                   select_case_ids, shard_ids)
+from .plan import DEFAULT_REPORT_DIR  # noqa: F401  (re-exported)
+from .plan import RunOptions, case_costs, ids_digest, run_document, select_case_ids, shard_ids
 from .known import components
 from .rundir import RunDir
 from .runner import STATUSES
@@ -84,15 +84,29 @@ XDIST_FLAGS = ("-n", "--numprocesses", "--tx", "-d", "--dist", "--maxprocesses")
 # The run's own pytest session: no cache, no assertion rewriting, one line of progress; and none of
 # the plugins that collect garbage at its end to find unraisable exceptions (with torch loaded, a
 # third of a second for nothing: the cases run in other processes, or report their own errors).
-QUIET_PYTEST = ("-p", "no:cacheprovider", "-p", "no:unraisableexception", "-p", "no:threadexception", "--assert=plain",
-                "-q", "--no-header", "-rN", "--tb=no")
+QUIET_PYTEST = (
+    "-p",
+    "no:cacheprovider",
+    "-p",
+    "no:unraisableexception",
+    "-p",
+    "no:threadexception",
+    "--assert=plain",
+    "-q",
+    "--no-header",
+    "-rN",
+    "--tb=no",
+)
 
 
 def _xdist_requested(pytest_args: tuple[str, ...]) -> bool:
     """pytest-xdist options in --pytest-args (remote --tx workers, say): pytest-xdist runs the
     cases, each of its workers with its own isolation child, instead of this process's pool."""
-    return any(a == flag or a.startswith(flag + "=") or (flag == "-n" and a.startswith("-n") and a[2:].isdigit())
-               for a in pytest_args for flag in XDIST_FLAGS)
+    return any(
+        a == flag or a.startswith(flag + "=") or (flag == "-n" and a.startswith("-n") and a[2:].isdigit())
+        for a in pytest_args
+        for flag in XDIST_FLAGS
+    )
 
 
 def read_baseline(path: Path) -> dict:
@@ -149,12 +163,32 @@ def run(config: Config, options: RunOptions) -> dict:
     count = workers.resolve(options.workers, costs, options.isolate)
     with RunDir(options.report_dir) as run_dir:
         run_file = run_dir.path / f"cases{RUN_SUFFIX}"
-        run_file.write_text(json.dumps(run_document(config, options, spec, ids, run_dir.token, str(run_dir.path.resolve()),
-                                                    max(1, count) if pool else 1, pool)))
+        run_file.write_text(
+            json.dumps(
+                run_document(
+                    config,
+                    options,
+                    spec,
+                    ids,
+                    run_dir.token,
+                    str(run_dir.path.resolve()),
+                    max(1, count) if pool else 1,
+                    pool,
+                )
+            )
+        )
         (run_dir.path / "pytest.ini").write_text("[pytest]\n")
         collector = ResultCollector()
-        args = ["-c", str(run_dir.path / "pytest.ini"), "--rootdir", str(run_dir.path), "-p", "v41_conformance.pytest_plugin",
-                *QUIET_PYTEST, str(run_file)]
+        args = [
+            "-c",
+            str(run_dir.path / "pytest.ini"),
+            "--rootdir",
+            str(run_dir.path),
+            "-p",
+            "v41_conformance.pytest_plugin",
+            *QUIET_PYTEST,
+            str(run_file),
+        ]
         if not pool and count > 1:
             args += ["-n", str(count)]
         args += list(options.pytest_args)
@@ -164,11 +198,15 @@ def run(config: Config, options: RunOptions) -> dict:
             code = pytest.main(args, plugins=[collector]) if ids else pytest.ExitCode.OK
             run_dir.kill_children()
             if code == pytest.ExitCode.USAGE_ERROR:
-                raise UsageError(f"pytest refused the arguments {' '.join(args[len(args) - len(options.pytest_args):])!r} "
-                                 "(its message is above); check --pytest-args and -n")
+                raise UsageError(
+                    f"pytest refused the arguments {' '.join(args[len(args) - len(options.pytest_args) :])!r} "
+                    "(its message is above); check --pytest-args and -n"
+                )
             if code == pytest.ExitCode.INTERRUPTED and stop.signal is None:
                 stop.signal = signal.SIGINT
-            early = int(code) == 1 and any(a in ("-x", "--exitfirst") or a.startswith("--maxfail") for a in options.pytest_args)
+            early = int(code) == 1 and any(
+                a in ("-x", "--exitfirst") or a.startswith("--maxfail") for a in options.pytest_args
+            )
             stopped = stopped_reason(stop.signal, "-x / --maxfail in --pytest-args" if early else "")
             results = [result_of(case_id, collector, stopped, options.repro(case_id)) for case_id in ids]
             run_dir.gather_output(ids, {r["id"]: r["status"] for r in results})
@@ -218,21 +256,42 @@ def result_of(case_id: str, collector, stopped: str, repro: str) -> dict:
     running it died, `not_run` when the run ended before it."""
     data = collector.results.get(case_id)
     if data is None and case_id in collector.crashed:
-        data = {"id": case_id, "component": split_case_id(case_id)[0], "status": "crash",
-                "message": f"the worker running this case died: {collector.crashed[case_id]}", "outputs": {}}
+        data = {
+            "id": case_id,
+            "component": split_case_id(case_id)[0],
+            "status": "crash",
+            "message": f"the worker running this case died: {collector.crashed[case_id]}",
+            "outputs": {},
+        }
     if data is None:
         why = stopped or "the run ended before this case was handed to a worker"
-        data = {"id": case_id, "component": split_case_id(case_id)[0], "status": NOT_RUN,
-                "message": f"not run: {why}; this says nothing about the implementation", "outputs": {}}
+        data = {
+            "id": case_id,
+            "component": split_case_id(case_id)[0],
+            "status": NOT_RUN,
+            "message": f"not run: {why}; this says nothing about the implementation",
+            "outputs": {},
+        }
     data["repro"] = repro
     return data
 
 
-def summarise(config: Config, options: RunOptions, spec, results: list[dict], stale: list[str], started: float,
-              stopped: str = "", signum: int | None = None, selection: dict | None = None) -> dict:
+def summarise(
+    config: Config,
+    options: RunOptions,
+    spec,
+    results: list[dict],
+    stale: list[str],
+    started: float,
+    stopped: str = "",
+    signum: int | None = None,
+    selection: dict | None = None,
+) -> dict:
     registry = components()
     # floors: on a full run of the small tier (not a --select, a shard, or a pytest -k/-m/--deselect)
-    full_run = not options.select and not options.shard and config.tier == "small" and not (selection or {}).get("deselected")
+    full_run = (
+        not options.select and not options.shard and config.tier == "small" and not (selection or {}).get("deselected")
+    )
     floors = {name: config.floor(component) for name, component in registry.items()}
     per_component, problems = judge_components(results, floors, full_run, stopped)
     exit_code = exit_code_of(results, problems, stopped, signum)
@@ -249,14 +308,22 @@ def summarise(config: Config, options: RunOptions, spec, results: list[dict], st
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "duration_s": round(time.time() - started, 3),
         "exit_code": exit_code,
-        "versions": {"harness": __version__, "torch": torch.__version__, "python": sys.version.split()[0],
-                     "platform": platform.platform()},
+        "versions": {
+            "harness": __version__,
+            "torch": torch.__version__,
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+        },
         "children": children_of(options),
         "store": identity(config.goldens, config.tier),
         "config": {"path": str(config.path), "layered_on": str(config.layered_on) if config.layered_on else None},
         "overrides": config.overrides(spec.name),
-        "goldens": {"dir": os.path.relpath(config.goldens, config.root),
-                    "manifest_sha256": hashlib.sha256(manifest_path.read_bytes()).hexdigest() if manifest_path.exists() else None},
+        "goldens": {
+            "dir": os.path.relpath(config.goldens, config.root),
+            "manifest_sha256": hashlib.sha256(manifest_path.read_bytes()).hexdigest()
+            if manifest_path.exists()
+            else None,
+        },
         "components": per_component,
         "problems": problems,
         "stopped": stopped,
@@ -269,13 +336,19 @@ def summarise(config: Config, options: RunOptions, spec, results: list[dict], st
 def children_of(options: RunOptions) -> dict:
     """How this run's isolation children started (`v41_conformance.forkserver.how`)."""
     if not options.isolate:
-        return {"start": "none", "server": "none", "why": "--no-isolate: the implementation runs in the run's own process"}
+        return {
+            "start": "none",
+            "server": "none",
+            "why": "--no-isolate: the implementation runs in the run's own process",
+        }
     from .forkserver import how
 
     return how()
 
 
-def judge_components(results: list[dict], floors: dict[str, int], full_run: bool, stopped: str) -> tuple[dict, list[str]]:
+def judge_components(
+    results: list[dict], floors: dict[str, int], full_run: bool, stopped: str
+) -> tuple[dict, list[str]]:
     """Per component: counts by status and accepted difference, the floor, the verdict; and the
     run-level problems (floors missed, nothing executed). On a full run every component in
     `floors` is judged, present or not; otherwise only those with results."""
@@ -310,8 +383,10 @@ def judge_components(results: list[dict], floors: dict[str, int], full_run: bool
                 entry["verdict"] = "partial"  # passed what was judged; some outputs were declined
     executed_total = sum(1 for r in results if r["status"] not in ("unsupported", NOT_RUN))
     if executed_total == 0 and not stopped:
-        problems.append("no case was executed (nothing selected, no goldens, or nothing supported): "
-                        "a run that judges nothing does not pass")
+        problems.append(
+            "no case was executed (nothing selected, no goldens, or nothing supported): "
+            "a run that judges nothing does not pass"
+        )
     return dict(sorted(per_component.items())), problems
 
 

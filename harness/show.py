@@ -78,8 +78,9 @@ def dump_requests(config: Config, case_id: str, folder: Path) -> list[dict]:
         write_request(request, component.name, inputs, params)
         outputs = component.reference(inputs, params)
         save_file({k: v.detach().cpu().contiguous() for k, v in outputs.items()}, str(response))
-        calls.append({"component": component.name, "params": params, "request": request.name,
-                      "response": response.name})
+        calls.append(
+            {"component": component.name, "params": params, "request": request.name, "response": response.name}
+        )
         return outputs
 
     component.execute(call, {k: v.clone() for k, v in golden.inputs.items()}, dict(golden.meta["params"]))

@@ -160,13 +160,13 @@ def _smaller(path: tuple, value: Any, space: Space) -> Iterator[Any]:
     if isinstance(value, list) and key == "schedules":
         for i, name in enumerate(value):
             for shorter in _shorter_schedules(name):
-                yield [*value[:i], shorter, *value[i + 1:]]
+                yield [*value[:i], shorter, *value[i + 1 :]]
         return
     if isinstance(value, list) and value and all(isinstance(v, (int, float)) for v in value):
         for i, v in enumerate(value):
             if isinstance(v, int):
                 for smaller in _decrements(v, floor=1):
-                    yield [*value[:i], smaller, *value[i + 1:]]
+                    yield [*value[:i], smaller, *value[i + 1 :]]
         return
 
 

@@ -69,8 +69,13 @@ def manifest_sha256(goldens: Path) -> str | None:
 
 def identity(goldens: Path, tier: str) -> dict:
     """What results.json records as the store it judged (and what workers must agree on)."""
-    return {"package": DISTRIBUTION, "version": __version__, "origin": origin(goldens), "tier": tier,
-            "manifest_sha256": manifest_sha256(goldens)}
+    return {
+        "package": DISTRIBUTION,
+        "version": __version__,
+        "origin": origin(goldens),
+        "tier": tier,
+        "manifest_sha256": manifest_sha256(goldens),
+    }
 
 
 def same_store(a: dict | None, b: dict | None) -> bool:
@@ -90,16 +95,20 @@ def worker_name() -> str:
 
 def version_refusal(theirs: str) -> str:
     """Why a worker whose package version differs from the controller's judges nothing."""
-    return (f"this worker ({worker_name()}) runs v41-conformance {__version__} but the controller runs {theirs}: "
-            "refused, every case of this worker is an error; install the same version on every machine of the run")
+    return (
+        f"this worker ({worker_name()}) runs v41-conformance {__version__} but the controller runs {theirs}: "
+        "refused, every case of this worker is an error; install the same version on every machine of the run"
+    )
 
 
 def describe(ident: dict | None) -> str:
     if not ident:
         return "an unrecorded store"
     sha = (ident.get("manifest_sha256") or "none")[:12]
-    return (f"{ident.get('origin', '?')} store of {ident.get('package', DISTRIBUTION)} {ident.get('version', '?')} "
-            f"({ident.get('tier', 'small')} tier, manifest {sha})")
+    return (
+        f"{ident.get('origin', '?')} store of {ident.get('package', DISTRIBUTION)} {ident.get('version', '?')} "
+        f"({ident.get('tier', 'small')} tier, manifest {sha})"
+    )
 
 
 def production_goldens(goldens: Path) -> Path:
@@ -113,9 +122,11 @@ def production_goldens(goldens: Path) -> Path:
     pin = Path(goldens) / PRODUCTION / MANIFEST
     root = cache.cache_dir()
     if root is None:
-        raise UsageError("the production tier of the packaged store is built into the user cache, which "
-                         "CONFORMANCE_CACHE turns off; set CONFORMANCE_CACHE to a writable folder, or point "
-                         "`goldens:` in your conformance.yaml at a store of your own")
+        raise UsageError(
+            "the production tier of the packaged store is built into the user cache, which "
+            "CONFORMANCE_CACHE turns off; set CONFORMANCE_CACHE to a writable folder, or point "
+            "`goldens:` in your conformance.yaml at a store of your own"
+        )
     pinned = manifest_sha256(pin.parent) or "unpinned"
     target = root / "goldens" / f"{__version__}-{pinned[:16]}" / PRODUCTION
     if pin.is_file() and not (target / MANIFEST).is_file():

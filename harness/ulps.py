@@ -12,8 +12,11 @@ MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23, torch.
 MIN_EXPONENT = {torch.bfloat16: -126, torch.float16: -14, torch.float32: -126, torch.float64: -1022}
 
 
-EXPONENT_FIELD = {torch.bfloat16: (torch.int16, 7, 0xFF, 127), torch.float16: (torch.int16, 10, 0x1F, 15),
-                  torch.float32: (torch.int32, 23, 0xFF, 127)}  # (bits, mantissa bits, exponent mask, bias)
+EXPONENT_FIELD = {
+    torch.bfloat16: (torch.int16, 7, 0xFF, 127),
+    torch.float16: (torch.int16, 10, 0x1F, 15),
+    torch.float32: (torch.int32, 23, 0xFF, 127),
+}  # (bits, mantissa bits, exponent mask, bias)
 _SPACING: dict[torch.dtype, torch.Tensor] = {}
 
 

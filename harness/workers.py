@@ -29,8 +29,19 @@ PER_CASE_S = 0.004
 PER_TENSOR_S = 0.0005  # the reference on the small tier: 0.3-0.8 s for attention's 440-1030 tensors
 POOL_WORK_S = 0.5
 XDIST_WORK_S = 6.0
-ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "bfloat16": 2, "float16": 2, "int16": 2,
-            "uint8": 1, "int8": 1, "bool": 1, "float8_e4m3fn": 1}
+ITEMSIZE = {
+    "float64": 8,
+    "int64": 8,
+    "float32": 4,
+    "int32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "int16": 2,
+    "uint8": 1,
+    "int8": 1,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+}
 
 
 def cores() -> int:

@@ -23,9 +23,11 @@ class _UniqueKeyLoader(BASE_LOADER):  # type: ignore[misc,valid-type]
                     break
                 if first is not key_node.start_mark:
                     raise ConstructorError(
-                        "while reading a mapping", node.start_mark,
+                        "while reading a mapping",
+                        node.start_mark,
                         f"key {key!r} appears twice (first at line {first.line + 1}); merge the two entries",
-                        key_node.start_mark)
+                        key_node.start_mark,
+                    )
         return super().construct_mapping(node, deep=deep)
 
 

@@ -22,8 +22,14 @@ def run_cli(*args: str, cwd: Path = ROOT, timeout: float = 300, fresh: bool = Fa
     if not fresh:
         return _run_in_process(args, cwd)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.run([sys.executable, "-m", "v41_conformance", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "v41_conformance", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _run_in_process(args: tuple[str, ...], cwd: Path) -> subprocess.CompletedProcess:
@@ -51,7 +57,9 @@ def make_project(dest: Path, components: list[str] | None = None, promoted: bool
     keep = {}
     for case_id, entry in manifest["cases"].items():
         component = case_id.split("/")[0]
-        if (components is None or component in components) and (promoted or not case_id.split("/")[1].startswith("fuzz-")):
+        if (components is None or component in components) and (
+            promoted or not case_id.split("/")[1].startswith("fuzz-")
+        ):
             keep[case_id] = entry
             target = dest / "goldens" / entry["file"]
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -60,8 +68,9 @@ def make_project(dest: Path, components: list[str] | None = None, promoted: bool
     for path in (ROOT / "cases").glob("*.yaml"):
         text = path.read_text()
         first = text.split("\n", 1)[0]
-        if (components is None or any(first == f"component: {c}" for c in components)) and \
-                (promoted or not path.name.endswith("_fuzz.yaml")):
+        if (components is None or any(first == f"component: {c}" for c in components)) and (
+            promoted or not path.name.endswith("_fuzz.yaml")
+        ):
             shutil.copy(path, dest / "cases" / path.name)
     return dest
 
@@ -117,8 +126,9 @@ def _build_example(tmp_path_factory, folder: str, files: tuple[str, ...], progra
 def c_binary(tmp_path_factory):
     if shutil.which("gcc") is None:
         pytest.fail("gcc is required to build the C example (apt-get install gcc)")
-    return _build_example(tmp_path_factory, "c", ("conformance_c.c", "safetensors_io.c", "safetensors_io.h",
-                                                  "Makefile"), "conformance_c")
+    return _build_example(
+        tmp_path_factory, "c", ("conformance_c.c", "safetensors_io.c", "safetensors_io.h", "Makefile"), "conformance_c"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -57,8 +57,14 @@ def test_general_dims_follow_the_formulas(hd, ihd, ratio, block):
 
 def test_tiny_config_a():
     assert cache_bytes(128, 64, 2, 64, 7) == {
-        "fp8_main_row": 132, "fp4_main_row": 72, "fp4_index_row": 34, "rows_per_block": 32,
-        "fp8_main_block": 4224, "fp4_main_block": 2304, "fp4_index_block": 1088, "state": 7168,
+        "fp8_main_row": 132,
+        "fp4_main_row": 72,
+        "fp4_index_row": 34,
+        "rows_per_block": 32,
+        "fp8_main_block": 4224,
+        "fp4_main_block": 2304,
+        "fp4_index_block": 1088,
+        "state": 7168,
     }
 
 

@@ -19,8 +19,16 @@ from v41_conformance.golden import load_verified, read_manifest
 from v41_conformance.known import components
 
 CONFIG = load_config(ROOT / "conformance.yaml")
-DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32", torch.float64: "f64",
-          torch.int64: "int64", torch.int32: "int32", torch.uint8: "uint8", torch.bool: "bool"}
+DTYPES = {
+    torch.bfloat16: "bf16",
+    torch.float16: "f16",
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+}
 
 
 def dtype_ok(declared: str, tensor: torch.Tensor, others: dict[str, torch.Tensor]) -> bool:
@@ -41,8 +49,9 @@ def rank_ok(shape: list[str], tensor: torch.Tensor) -> bool:
 
 def test_the_catalogue_doc_is_the_registry():
     doc = catalogue(CONFIG, components())
-    assert (ROOT / "docs" / "catalogue.md").read_text() == render_markdown(doc), \
+    assert (ROOT / "docs" / "catalogue.md").read_text() == render_markdown(doc), (
         "docs/catalogue.md is stale: conformance list --components --markdown > docs/catalogue.md"
+    )
 
 
 def test_every_golden_agrees_with_the_catalogue():
@@ -96,10 +105,22 @@ def test_show_prints_a_case_and_dumps_its_requests(tmp_path):
 
 
 def test_param_tensors_have_one_dtype_per_declared_type():
-    tensors = param_tensors({"k": 3, "scale": 0.5, "largest": True, "mode": "chunk", "main_kv": [-1, 0],
-                             "schedule": [[0, 5], [5, 6]], "config": {"dim": 128, "ratios": [0, 2]}})
-    assert (tensors["param.k"].dtype, tensors["param.scale"].dtype, tensors["param.largest"].dtype) == \
-        (torch.int64, torch.float64, torch.bool)
+    tensors = param_tensors(
+        {
+            "k": 3,
+            "scale": 0.5,
+            "largest": True,
+            "mode": "chunk",
+            "main_kv": [-1, 0],
+            "schedule": [[0, 5], [5, 6]],
+            "config": {"dim": 128, "ratios": [0, 2]},
+        }
+    )
+    assert (tensors["param.k"].dtype, tensors["param.scale"].dtype, tensors["param.largest"].dtype) == (
+        torch.int64,
+        torch.float64,
+        torch.bool,
+    )
     assert bytes(tensors["param.mode"].tolist()) == b"chunk" and tensors["param.schedule"].shape == (2, 2)
     assert tensors["param.config.dim"].item() == 128 and tensors["param.config.ratios"].tolist() == [0, 2]
 
@@ -127,25 +148,48 @@ def _config_with(tmp_path, entries: str):
 
 
 def test_supports_patterns_limit_python_and_subprocess_implementations(tmp_path, c_binary):
-    config = _config_with(tmp_path, "  only-quant:\n    python: v41_conformance.adapters.reference:ReferenceAdapter\n"
-                                    "    supports: [quant.*]\n"
-                                    f"  c-some:\n    command: [{c_binary}]\n    supports: [quant.e2m1]\n")
-    flags = ["--config", str(config), "--goldens", str(ROOT / "goldens"), "--cases", str(ROOT / "cases"), "--no-isolate"]
-    run = run_cli("run", "--impl", "only-quant", "--select", "quant.e2m1,norm.rms", "--report-dir",
-                  str(tmp_path / "a"), *flags)
+    config = _config_with(
+        tmp_path,
+        "  only-quant:\n    python: v41_conformance.adapters.reference:ReferenceAdapter\n"
+        "    supports: [quant.*]\n"
+        f"  c-some:\n    command: [{c_binary}]\n    supports: [quant.e2m1]\n",
+    )
+    flags = [
+        "--config",
+        str(config),
+        "--goldens",
+        str(ROOT / "goldens"),
+        "--cases",
+        str(ROOT / "cases"),
+        "--no-isolate",
+    ]
+    run = run_cli(
+        "run", "--impl", "only-quant", "--select", "quant.e2m1,norm.rms", "--report-dir", str(tmp_path / "a"), *flags
+    )
     got = statuses(results(tmp_path / "a"))
     assert {s for c, s in got.items() if c.startswith("quant.")} == {"pass"}
     assert {s for c, s in got.items() if c.startswith("norm.")} == {"unsupported"}, run.stdout
-    run_cli("run", "--impl", "c-some", "--select", "quant.e2m1,quant.fp4_e8m0", "--report-dir", str(tmp_path / "b"),
-            *flags)
+    run_cli(
+        "run", "--impl", "c-some", "--select", "quant.e2m1,quant.fp4_e8m0", "--report-dir", str(tmp_path / "b"), *flags
+    )
     got = statuses(results(tmp_path / "b"))
     assert {s for c, s in got.items() if c.startswith("quant.fp4")} == {"unsupported"}
     assert {s for c, s in got.items() if c.startswith("quant.e2m1")} == {"pass"}
     # patterns narrow the program's own `components` answer, never widen it (as for Python ones)
     (tmp_path / "w").mkdir()
     wide = _config_with(tmp_path / "w", f"  c-wide:\n    command: [{c_binary}]\n    supports: ['*']\n")
-    run_cli("run", "--impl", "c-wide", "--select", "quant.e2m1,norm.rms", "--report-dir", str(tmp_path / "c"),
-            "--config", str(wide), *flags[2:])
+    run_cli(
+        "run",
+        "--impl",
+        "c-wide",
+        "--select",
+        "quant.e2m1,norm.rms",
+        "--report-dir",
+        str(tmp_path / "c"),
+        "--config",
+        str(wide),
+        *flags[2:],
+    )
     got = statuses(results(tmp_path / "c"))
     assert {s for c, s in got.items() if c.startswith("norm.")} == {"unsupported"}
     assert {s for c, s in got.items() if c.startswith("quant.e2m1")} == {"pass"}
@@ -159,8 +203,21 @@ def test_supports_patterns_limit_python_and_subprocess_implementations(tmp_path,
 def test_a_program_declines_one_case_and_only_that_case_is_unsupported(tmp_path, rust_binary, batch):
     config = _config_with(tmp_path, f"  rs:\n    command: [{rust_binary}]\n    batch: {str(batch).lower()}\n")
     report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", "rs", "--select", "window.indices", "--config", str(config), "--goldens",
-                   str(ROOT / "goldens"), "--cases", str(ROOT / "cases"), "--report-dir", str(report))
+    proc = run_cli(
+        "run",
+        "--impl",
+        "rs",
+        "--select",
+        "window.indices",
+        "--config",
+        str(config),
+        "--goldens",
+        str(ROOT / "goldens"),
+        "--cases",
+        str(ROOT / "cases"),
+        "--report-dir",
+        str(report),
+    )
     assert proc.returncode == 0, proc.stdout
     cases = {c["id"]: c for c in results(report)["cases"]}
     declined = {i for i, c in cases.items() if c["status"] == "unsupported"}
@@ -170,11 +227,35 @@ def test_a_program_declines_one_case_and_only_that_case_is_unsupported(tmp_path,
 
 def test_config_elsewhere_with_store_overrides(tmp_path):
     config = _config_with(tmp_path, "")
-    proc = run_cli("run", "--impl", "reference", "--select", "norm.rms", "--config", str(config),
-                   "--report-dir", str(tmp_path / "r"), "--no-isolate")
+    proc = run_cli(
+        "run",
+        "--impl",
+        "reference",
+        "--select",
+        "norm.rms",
+        "--config",
+        str(config),
+        "--report-dir",
+        str(tmp_path / "r"),
+        "--no-isolate",
+    )
     assert proc.returncode == 1  # goldens: and cases: are relative to the config file: nothing there
-    proc = run_cli("run", "--impl", "reference", "--select", "norm.rms", "--config", str(config), "--goldens",
-                   "goldens", "--cases", "cases", "--report-dir", str(tmp_path / "r"), "--no-isolate")
+    proc = run_cli(
+        "run",
+        "--impl",
+        "reference",
+        "--select",
+        "norm.rms",
+        "--config",
+        str(config),
+        "--goldens",
+        "goldens",
+        "--cases",
+        "cases",
+        "--report-dir",
+        str(tmp_path / "r"),
+        "--no-isolate",
+    )
     assert proc.returncode == 0, proc.stdout
     assert "--goldens" in results(tmp_path / "r")["cases"][0]["repro"]
 
@@ -196,8 +277,11 @@ def test_programs_driven_from_the_catalogue_and_show_alone(tmp_path, program, c_
             folder = tmp_path / case_id.replace("/", "__")
             for call in json.loads((folder / "calls.json").read_text())["calls"]:
                 got_path = folder / f"got-{call['response']}"
-                proc = subprocess.run([str(binary), "run", call["component"], str(folder / call["request"]),
-                                       str(got_path)], capture_output=True, text=True)
+                proc = subprocess.run(
+                    [str(binary), "run", call["component"], str(folder / call["request"]), str(got_path)],
+                    capture_output=True,
+                    text=True,
+                )
                 assert proc.returncode == 0, (case_id, proc.stderr)
                 if proc.stdout.startswith("unsupported"):
                     declined += 1
@@ -234,8 +318,11 @@ def test_every_optional_param_states_its_default_and_reaches_the_implementation_
     checked = set()
     for case_id in sorted(manifest):
         component = components()[case_id.split("/")[0]]
-        absent = [p for p in component.params if p.has_default and p.name not in
-                  load_verified(CONFIG.goldens, case_id, manifest).meta["params"]]
+        absent = [
+            p
+            for p in component.params
+            if p.has_default and p.name not in load_verified(CONFIG.goldens, case_id, manifest).meta["params"]
+        ]
         absent = [p for p in absent if p.name not in checked]
         if not absent or component.name == "attention":
             continue
@@ -252,8 +339,7 @@ def test_every_optional_param_states_its_default_and_reaches_the_implementation_
     # a case that leaves out a param set to its default judges the same (compressor ratio, topk's bools)
     from v41_conformance.runner import CaseResult, judge_golden
 
-    for component_name, name in (("compressor", "ratio"), ("topk.torch_cpu", "sorted"),
-                                 ("indexer.select", "offset")):
+    for component_name, name in (("compressor", "ratio"), ("topk.torch_cpu", "sorted"), ("indexer.select", "offset")):
         component = components()[component_name]
         spec = next(p for p in component.params if p.name == name)
         for case_id in sorted(c for c in manifest if c.startswith(component_name + "/")):

@@ -62,8 +62,16 @@ def test_row_digests_find_exactly_the_rows_that_differ_and_tell_signed_zeros_apa
 
 def test_the_case_digest_reads_every_layout_as_its_row_major_bytes():
     base = torch.randn(6, 8)
-    tensors = {"contiguous": base, "transposed": base.t(), "sliced": base[:, 2:5], "grad": base.clone().requires_grad_(),
-               "bf16": base.to(torch.bfloat16), "bool": base > 0, "scalar": torch.tensor(3), "empty": torch.zeros(2, 0)}
+    tensors = {
+        "contiguous": base,
+        "transposed": base.t(),
+        "sliced": base[:, 2:5],
+        "grad": base.clone().requires_grad_(),
+        "bf16": base.to(torch.bfloat16),
+        "bool": base > 0,
+        "scalar": torch.tensor(3),
+        "empty": torch.zeros(2, 0),
+    }
     for name, t in tensors.items():
         copied = t.detach().contiguous().reshape(-1).view(torch.uint8)
         assert bytes(tensor_bytes(t)) == copied.numpy().tobytes(), name
@@ -82,9 +90,11 @@ def test_the_references_answer_has_the_digest_the_golden_stored():
     golden = load_verified(CONFIG.goldens, ATTENTION[0], MANIFEST)
     component = components()["attention"]
     impl = ReferenceAdapter()
-    actual = component.execute(lambda inputs, params: impl.run("attention", inputs, params),
-                               {k: v.clone() for k, v in golden.inputs.items()},
-                               component.with_defaults(golden.meta["params"]))
+    actual = component.execute(
+        lambda inputs, params: impl.run("attention", inputs, params),
+        {k: v.clone() for k, v in golden.inputs.items()},
+        component.with_defaults(golden.meta["params"]),
+    )
     assert torch.equal(case_digest(actual), golden.aux[CASE_DIGEST])
 
 

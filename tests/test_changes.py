@@ -86,7 +86,9 @@ def test_diff_shows_how_the_headroom_moved(runs):
     assert code == 0 and not doc["regressed"]
     moved = {(h["output"], h["bound"]): h for h in doc["components"]["sparse_attn"]["headroom"]}
     float64 = results(runs["float64"])
-    worst = max(m["bound_used"] for c in float64["cases"] if c["component"] == "sparse_attn" for m in c["outputs"].values())
+    worst = max(
+        m["bound_used"] for c in float64["cases"] if c["component"] == "sparse_attn" for m in c["outputs"].values()
+    )
     assert moved[("o", "bound_used")]["before"] == 0.0
     assert moved[("o", "bound_used")]["after"] == pytest.approx(worst) and worst > 0
     code, text = cli("diff", str(runs["pass"]), str(runs["float64"]))
@@ -178,8 +180,9 @@ def test_merge_of_three_shards_equals_the_unsharded_run_and_enforces_floors_on_t
     merged = results(out)
     assert code == whole["exit_code"] == 1, text
     assert statuses(merged) == statuses(whole)
-    assert {n: e["verdict"] for n, e in merged["components"].items()} == \
-        {n: e["verdict"] for n, e in whole["components"].items()}
+    assert {n: e["verdict"] for n, e in merged["components"].items()} == {
+        n: e["verdict"] for n, e in whole["components"].items()
+    }
     assert merged["components"]["sparse_attn"]["floor_ok"] and merged["components"]["sparse_attn"]["verdict"] == "pass"
     assert not merged["components"]["quant.e2m1"]["floor_ok"]
     assert any("quant.e2m1: ran" in p and "floor of 99" in p for p in merged["problems"])
@@ -224,12 +227,16 @@ def test_headroom_bars_and_histograms_carry_the_numbers_of_results_json(runs):
             assert set(bars) == set(worst)
             for output, w in worst.items():
                 assert float(bars[output]["data-value"]) == w.value
-                assert bars[output]["data-ok"] == str(all(m["ok"] for c in cases for n, m in c["outputs"].items()
-                                                          if n.endswith(output))).lower()
+                assert (
+                    bars[output]["data-ok"]
+                    == str(all(m["ok"] for c in cases for n, m in c["outputs"].items() if n.endswith(output))).lower()
+                )
     doc = results(runs["wrong"])
     html = (runs["wrong"] / "report.html").read_text()
-    histograms = {(a["data-case"], a["data-output"]): a["data-counts"]
-                  for a in map(_attrs, re.findall(r"<svg class='histogram'[^>]*>", html))}
+    histograms = {
+        (a["data-case"], a["data-output"]): a["data-counts"]
+        for a in map(_attrs, re.findall(r"<svg class='histogram'[^>]*>", html))
+    }
     failing = [(c["id"], n, m) for c in doc["cases"] for n, m in c["outputs"].items() if not m["ok"]]
     assert failing and set(histograms) == {(c, n) for c, n, _ in failing}
     for case_id, name, metrics in failing:
@@ -239,8 +246,11 @@ def test_headroom_bars_and_histograms_carry_the_numbers_of_results_json(runs):
 
 
 def test_the_step_strip_marks_the_first_divergent_step_and_layer(tmp_path):
-    doc = run_in_process(tmp_path / "rep", f"{ROOT}/tests/impls/wrong_attention.py:WrongOffset",
-                         select=["attention/a-p5-d7-d9-d1x2-gen-upstream"])
+    doc = run_in_process(
+        tmp_path / "rep",
+        f"{ROOT}/tests/impls/wrong_attention.py:WrongOffset",
+        select=["attention/a-p5-d7-d9-d1x2-gen-upstream"],
+    )
     case = doc["cases"][0]
     assert case["status"] == "fail"
     html = (tmp_path / "rep" / "report.html").read_text()
@@ -254,22 +264,51 @@ def test_the_step_strip_marks_the_first_divergent_step_and_layer(tmp_path):
         ok = expected[(int(cell["data-step"]), int(cell["data-layer"]))]
         assert (cell["data-state"] == "pass") == ok
         if not ok and cell["data-state"] == "later":
-            assert (int(cell["data-step"]), int(cell["data-layer"])) > (int(first[0]["data-step"]), int(first[0]["data-layer"]))
+            assert (int(cell["data-step"]), int(cell["data-layer"])) > (
+                int(first[0]["data-step"]),
+                int(first[0]["data-layer"]),
+            )
 
 
 def test_summary_stays_small_whatever_the_messages():
     message = "output 'o': not close " + "x" * 200_000 + "\n" + "|<>" * 50_000
-    cases = [{"id": f"sparse_attn/case-{i:05d}", "component": "sparse_attn", "status": "fail", "message": message,
-              "outputs": {"o": {"ok": False}}} for i in range(5000)]
-    doc = {"impl": "x" * 10_000, "impl_kind": "python", "device": "cpu", "exit_code": 1, "duration_s": 1.0,
-           "versions": {"torch": "t", "harness": "h"}, "cases": cases, "problems": ["p" * 100_000] * 100,
-           "components": {f"c{i}": {"verdict": "fail", "cases": 1, "fail": 1} for i in range(200)}}
-    doc["baseline"] = {"runs": {"base": {"impl": "b", "label": "l" * 5000, "cases": 1},
-                                "new": {"impl": "n", "label": "l", "cases": 1}},
-                       **{k: [{"id": c["id"], "component": "sparse_attn", "before": "pass", "after": "fail",
-                               "why": message} for c in cases] for k in ("regressed", "fixed", "golden_changed", "new",
-                                                                        "gone", "still_failing", "unjudged")},
-                       "component_regressions": [], "components": {}, "gates": {"regressions": 1}}
+    cases = [
+        {
+            "id": f"sparse_attn/case-{i:05d}",
+            "component": "sparse_attn",
+            "status": "fail",
+            "message": message,
+            "outputs": {"o": {"ok": False}},
+        }
+        for i in range(5000)
+    ]
+    doc = {
+        "impl": "x" * 10_000,
+        "impl_kind": "python",
+        "device": "cpu",
+        "exit_code": 1,
+        "duration_s": 1.0,
+        "versions": {"torch": "t", "harness": "h"},
+        "cases": cases,
+        "problems": ["p" * 100_000] * 100,
+        "components": {f"c{i}": {"verdict": "fail", "cases": 1, "fail": 1} for i in range(200)},
+    }
+    doc["baseline"] = {
+        "runs": {
+            "base": {"impl": "b", "label": "l" * 5000, "cases": 1},
+            "new": {"impl": "n", "label": "l", "cases": 1},
+        },
+        **{
+            k: [
+                {"id": c["id"], "component": "sparse_attn", "before": "pass", "after": "fail", "why": message}
+                for c in cases
+            ]
+            for k in ("regressed", "fixed", "golden_changed", "new", "gone", "still_failing", "unjudged")
+        },
+        "component_regressions": [],
+        "components": {},
+        "gates": {"regressions": 1},
+    }
     summary = render_summary(doc)
     assert len(summary.encode()) < 100 * 1024  # GitHub's step summary limit is 1 MiB
     assert "regressed" in summary and "did not pass" in summary
@@ -292,7 +331,7 @@ def test_bound_used_is_the_fraction_of_the_element_bound_and_the_histogram_count
 
     expected = torch.tensor([1.0, 2.0, 4.0, 0.0], dtype=torch.float32)
     policy = Policy(kind="f32", ulps=4.0, rel_l2=1.0)
-    ulp = torch.tensor([2.0 ** -23, 2.0 ** -22, 2.0 ** -21, 2.0 ** -149])
+    ulp = torch.tensor([2.0**-23, 2.0**-22, 2.0**-21, 2.0**-149])
     near = compare_output("x", expected, expected + 2 * ulp * torch.tensor([1.0, 0, 0, 0]), policy)
     assert near.ok and near.metrics["bound_used"] == pytest.approx(0.5)
     over = compare_output("x", expected, expected + ulp * torch.tensor([0.0, 16, 2, 0]), policy)

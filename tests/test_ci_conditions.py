@@ -27,8 +27,14 @@ CI = f"{IMPLS}/ci_conditions.py"
 
 def start_run(*args: str, env: dict | None = None) -> subprocess.Popen:
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "v41_conformance", "run", *args], cwd=ROOT, env=full_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "v41_conformance", "run", *args],
+        cwd=ROOT,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for(condition, what: str, limit: float = 240.0) -> None:
@@ -58,8 +64,15 @@ def alive(pid: int) -> bool:
 
 def test_a_second_run_into_a_busy_report_dir_refuses_and_the_first_keeps_its_results(tmp_path):
     report = tmp_path / "shared"
-    first = start_run("--impl", f"{CI}:Slow", "--select", "quant.e2m1", "--report-dir", str(report),
-                      env={"CONFORMANCE_TEST_SLEEP": "1"})
+    first = start_run(
+        "--impl",
+        f"{CI}:Slow",
+        "--select",
+        "quant.e2m1",
+        "--report-dir",
+        str(report),
+        env={"CONFORMANCE_TEST_SLEEP": "1"},
+    )
     wait_for(lambda: cases_started(report) >= 1, "the first run to start a case")
     second = run_cli("run", "--impl", "reference", "--select", "norm.rms", "--report-dir", str(report))
     assert second.returncode == 2
@@ -77,10 +90,9 @@ def test_a_second_run_into_a_busy_report_dir_refuses_and_the_first_keeps_its_res
 # --- 2. cases that never ran ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("flags, says", [
-    (["-n", "abc"], "-n 'abc'"),
-    (["--pytest-args", "--bogus"], "pytest refused the arguments"),
-])
+@pytest.mark.parametrize(
+    "flags, says", [(["-n", "abc"], "-n 'abc'"), (["--pytest-args", "--bogus"], "pytest refused the arguments")]
+)
 def test_a_usage_error_exits_2_with_no_verdicts(tmp_path, flags, says):
     report = tmp_path / "rep"
     proc = run_cli("run", "--impl", "reference", "--select", "norm.rms", "--report-dir", str(report), *flags)
@@ -90,8 +102,18 @@ def test_a_usage_error_exits_2_with_no_verdicts(tmp_path, flags, says):
 
 def test_stopping_at_the_first_failure_leaves_the_rest_not_run(tmp_path):
     report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", f"{IMPLS}/wrong.py:TiesAwayE2M1", "--select", "quant.e2m1,quant.fp8_ue8m0",
-                   "--report-dir", str(report), "--no-isolate", "--pytest-args", "-x")
+    proc = run_cli(
+        "run",
+        "--impl",
+        f"{IMPLS}/wrong.py:TiesAwayE2M1",
+        "--select",
+        "quant.e2m1,quant.fp8_ue8m0",
+        "--report-dir",
+        str(report),
+        "--no-isolate",
+        "--pytest-args",
+        "-x",
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     doc = results(report)
     got = statuses(doc)
@@ -106,8 +128,15 @@ def test_stopping_at_the_first_failure_leaves_the_rest_not_run(tmp_path):
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_an_interrupted_run_writes_what_ran_and_marks_the_rest_not_run(tmp_path, sig, code):
     report = tmp_path / "rep"
-    run = start_run("--impl", f"{CI}:Slow", "--select", "quant.*,norm.rms", "--report-dir", str(report),
-                    env={"CONFORMANCE_TEST_SLEEP": "0.3"})
+    run = start_run(
+        "--impl",
+        f"{CI}:Slow",
+        "--select",
+        "quant.*,norm.rms",
+        "--report-dir",
+        str(report),
+        env={"CONFORMANCE_TEST_SLEEP": "0.3"},
+    )
     wait_for(lambda: cases_started(report) >= 3, "a few cases to run")
     run.send_signal(sig)
     out, err = run.communicate(timeout=120)
@@ -125,8 +154,17 @@ def test_an_interrupted_run_writes_what_ran_and_marks_the_rest_not_run(tmp_path,
 
 def test_loading_the_implementation_does_not_count_against_the_case_timeout(tmp_path):
     report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", f"{IMPLS}/slow_to_load.py:SlowToLoad", "--select", "norm.rms", "--timeout", "2",
-                   "--report-dir", str(report))
+    proc = run_cli(
+        "run",
+        "--impl",
+        f"{IMPLS}/slow_to_load.py:SlowToLoad",
+        "--select",
+        "norm.rms",
+        "--timeout",
+        "2",
+        "--report-dir",
+        str(report),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert set(statuses(results(report)).values()) == {"pass"}
 
@@ -136,8 +174,15 @@ def test_loading_the_implementation_does_not_count_against_the_case_timeout(tmp_
 
 def test_sigterm_kills_the_hung_implementation_and_what_it_started(tmp_path):
     report, pids = tmp_path / "rep", tmp_path / "pids"
-    run = start_run("--impl", f"{CI}:SpawnsAndHangs", "--select", "norm.rms", "--report-dir", str(report),
-                    env={"CONFORMANCE_TEST_PIDS": str(pids)})
+    run = start_run(
+        "--impl",
+        f"{CI}:SpawnsAndHangs",
+        "--select",
+        "norm.rms",
+        "--report-dir",
+        str(report),
+        env={"CONFORMANCE_TEST_PIDS": str(pids)},
+    )
     wait_for(pids.exists, "the implementation to start its helper")
     child, helper = (int(p) for p in pids.read_text().split())
     assert alive(child) and alive(helper)
@@ -152,8 +197,15 @@ def test_a_run_killed_with_sigkill_takes_its_hung_child_with_it(tmp_path):
     """No handler runs on SIGKILL: the fork server dies with the run, and the child with the
     fork server (PR_SET_PDEATHSIG at both links)."""
     report, pids = tmp_path / "rep", tmp_path / "pids"
-    run = start_run("--impl", f"{CI}:SpawnsAndHangs", "--select", "norm.rms", "--report-dir", str(report),
-                    env={"CONFORMANCE_TEST_PIDS": str(pids)})
+    run = start_run(
+        "--impl",
+        f"{CI}:SpawnsAndHangs",
+        "--select",
+        "norm.rms",
+        "--report-dir",
+        str(report),
+        env={"CONFORMANCE_TEST_PIDS": str(pids)},
+    )
     wait_for(pids.exists, "the implementation to start its helper")
     child, _ = (int(p) for p in pids.read_text().split())
     assert alive(child)
@@ -227,8 +279,18 @@ for line in sys.stdin:
 
 def test_reports_stay_valid_whatever_the_implementation_prints(tmp_path):
     report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", f"{CI}:Loud", "--select", "compressor*,quant.*,norm.rms", "--report-dir",
-                   str(report), "--no-isolate", "-n", "2")
+    proc = run_cli(
+        "run",
+        "--impl",
+        f"{CI}:Loud",
+        "--select",
+        "compressor*,quant.*,norm.rms",
+        "--report-dir",
+        str(report),
+        "--no-isolate",
+        "-n",
+        "2",
+    )
     assert proc.returncode == 1
     doc = results(report)
     assert len(doc["cases"]) > 100 and all(len(c["message"]) > 3000 for c in doc["cases"])
@@ -245,11 +307,27 @@ def test_reports_stay_valid_whatever_the_implementation_prints(tmp_path):
 
 def test_the_terminal_names_every_failing_output_and_the_implementations_own_frames(tmp_path):
     report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", f"{CI}:TwoWrongOutputs", "--select", "quant.fp8_ue8m0/window-kv-4x512",
-                   "--report-dir", str(report), "--no-isolate")
+    proc = run_cli(
+        "run",
+        "--impl",
+        f"{CI}:TwoWrongOutputs",
+        "--select",
+        "quant.fp8_ue8m0/window-kv-4x512",
+        "--report-dir",
+        str(report),
+        "--no-isolate",
+    )
     assert "output 'y': not bit-identical" in proc.stdout and "output 'codes': not bit-identical" in proc.stdout
-    proc = run_cli("run", "--impl", f"{CI}:RaisesDeep", "--select", "norm.rms/latent-6x128", "--report-dir",
-                   str(report), "--no-isolate")
+    proc = run_cli(
+        "run",
+        "--impl",
+        f"{CI}:RaisesDeep",
+        "--select",
+        "norm.rms/latent-6x128",
+        "--report-dir",
+        str(report),
+        "--no-isolate",
+    )
     message = results(report)["cases"][0]["message"]
     assert "Traceback of the implementation" in message and "in _helper_frame" in message
     assert "harness/runner.py" not in message and "IndexError: tile index 128 out of range" in proc.stdout
@@ -258,8 +336,10 @@ def test_the_terminal_names_every_failing_output_and_the_implementations_own_fra
 def test_an_unexpected_pass_says_which_expectation_it_contradicts(tmp_path):
     project = make_project(tmp_path, ["quant.e2m1"])
     config = project / "conformance.yaml"
-    config.write_text(config.read_text() + "  hopeful:\n    python: v41_conformance.adapters.reference:ReferenceAdapter\n"
-                      "    expectations:\n      - {pattern: 'quant.e2m1/midpoints', status: fail, reason: 'ties, issue 9'}\n")
+    config.write_text(
+        config.read_text() + "  hopeful:\n    python: v41_conformance.adapters.reference:ReferenceAdapter\n"
+        "    expectations:\n      - {pattern: 'quant.e2m1/midpoints', status: fail, reason: 'ties, issue 9'}\n"
+    )
     report = tmp_path / "rep"
     proc = run_cli("run", "--impl", "hopeful", "--config", str(config), "--report-dir", str(report), "--no-isolate")
     assert proc.returncode == 1
@@ -273,8 +353,19 @@ def test_an_unexpected_pass_says_which_expectation_it_contradicts(tmp_path):
 def test_the_rerun_command_reproduces_the_case_with_every_flag(tmp_path):
     project = make_project(tmp_path, ["quant.e2m1"])
     report = tmp_path / "my reports"
-    proc = run_cli("run", "--impl", f"{IMPLS}/wrong.py:TiesAwayE2M1", "--config", str(project / "conformance.yaml"),
-                   "--timeout", "30", "--report-dir", str(report), "--no-isolate", cwd=tmp_path)
+    proc = run_cli(
+        "run",
+        "--impl",
+        f"{IMPLS}/wrong.py:TiesAwayE2M1",
+        "--config",
+        str(project / "conformance.yaml"),
+        "--timeout",
+        "30",
+        "--report-dir",
+        str(report),
+        "--no-isolate",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     case = next(c for c in results(report)["cases"] if c["status"] == "fail")
     command = shlex.split(case["repro"])
@@ -290,11 +381,18 @@ def test_the_rerun_command_reproduces_the_case_with_every_flag(tmp_path):
 # --- 10. bad flags ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("flags, says", [
-    (["--timeout", "-1"], "--timeout"), (["--timeout", "0"], "--timeout"), (["--timeout", "nan"], "--timeout"),
-    (["--timeout", "inf"], "--timeout"), (["-n", "-1"], "-n"), (["--report-dir", "goldens"], "inside the golden store"),
-    (["--report-dir", "goldens/quant.e2m1"], "inside the golden store"),
-])
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--timeout", "-1"], "--timeout"),
+        (["--timeout", "0"], "--timeout"),
+        (["--timeout", "nan"], "--timeout"),
+        (["--timeout", "inf"], "--timeout"),
+        (["-n", "-1"], "-n"),
+        (["--report-dir", "goldens"], "inside the golden store"),
+        (["--report-dir", "goldens/quant.e2m1"], "inside the golden store"),
+    ],
+)
 def test_nonsense_flags_are_usage_errors(flags, says):
     proc = run_cli("run", "--impl", "reference", "--select", "norm.rms", *flags)
     assert proc.returncode == 2 and says in proc.stderr, proc.stderr
@@ -314,8 +412,9 @@ def test_a_manifest_key_that_climbs_out_of_the_store_is_refused_everywhere(tmp_p
     manifest_path.write_text(json.dumps(manifest))
     config = str(project / "conformance.yaml")
 
-    run = run_cli("run", "--impl", "reference", "--config", config, "--report-dir", str(tmp_path / "rep"),
-                  "--no-isolate")
+    run = run_cli(
+        "run", "--impl", "reference", "--config", config, "--report-dir", str(tmp_path / "rep"), "--no-isolate"
+    )
     doc = results(tmp_path / "rep")
     assert run.returncode == 1 and {c["status"] for c in doc["cases"]} == {"error"}
     assert all("not case ids" in c["message"] for c in doc["cases"])
@@ -332,8 +431,9 @@ def test_a_manifest_key_that_climbs_out_of_the_store_is_refused_everywhere(tmp_p
 
 def test_generate_into_a_read_only_store_names_the_path(tmp_path, monkeypatch):
     project = make_project(tmp_path, ["quant.e2m1"])
-    (project / "cases" / "quant.yaml").write_text((project / "cases" / "quant.yaml").read_text()
-                                                  .replace("name: midpoints\n", "name: midpoints-renamed\n"))
+    (project / "cases" / "quant.yaml").write_text(
+        (project / "cases" / "quant.yaml").read_text().replace("name: midpoints\n", "name: midpoints-renamed\n")
+    )
     args = ["generate", "--config", str(project / "conformance.yaml"), "--select", "quant.e2m1/midpoints-renamed"]
     if os.geteuid() != 0:
         for folder in (project / "goldens", project / "goldens" / "quant.e2m1"):

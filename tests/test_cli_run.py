@@ -10,8 +10,16 @@ import yaml
 from conftest import ROOT, make_project, results, run_cli, statuses
 from v41_conformance.ids import matches, parse_select
 
-NUMERIC = ["quant.e2m1", "quant.fp4_e4m3", "quant.fp4_e8m0", "quant.fp8_ue8m0", "linear.f32", "norm.rms",
-           "rope.apply", "rope.yarn_table"]
+NUMERIC = [
+    "quant.e2m1",
+    "quant.fp4_e4m3",
+    "quant.fp4_e8m0",
+    "quant.fp8_ue8m0",
+    "linear.f32",
+    "norm.rms",
+    "rope.apply",
+    "rope.yarn_table",
+]
 
 
 def test_reference_passes_and_writes_all_reports(tmp_path):
@@ -45,8 +53,16 @@ def test_select_and_report_rerender(tmp_path):
 
 def test_ties_away_from_zero_fails_exactly_the_e2m1_components(tmp_path):
     report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", f"{ROOT}/tests/impls/wrong.py:TiesAwayE2M1", "--report-dir", str(report),
-                   "--select", ",".join(NUMERIC), "--no-isolate")
+    proc = run_cli(
+        "run",
+        "--impl",
+        f"{ROOT}/tests/impls/wrong.py:TiesAwayE2M1",
+        "--report-dir",
+        str(report),
+        "--select",
+        ",".join(NUMERIC),
+        "--no-isolate",
+    )
     assert proc.returncode == 1
     doc = results(report)
     verdicts = {name: e["verdict"] for name, e in doc["components"].items()}
@@ -60,7 +76,9 @@ def test_ties_away_from_zero_fails_exactly_the_e2m1_components(tmp_path):
 
 def test_numpy_example_passes_its_components_and_declares_the_rest_unsupported(tmp_path):
     report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", "numpy-example", "--report-dir", str(report), "--select", ",".join(NUMERIC), "--no-isolate")
+    proc = run_cli(
+        "run", "--impl", "numpy-example", "--report-dir", str(report), "--select", ",".join(NUMERIC), "--no-isolate"
+    )
     assert proc.returncode == 0, proc.stdout
     doc = results(report)
     verdicts = {n: e["verdict"] for n, e in doc["components"].items()}
@@ -78,8 +96,16 @@ def test_bad_implementations_each_get_a_clear_status_and_the_run_goes_on(tmp_pat
         "rope.apply": ("fail", "NaN positions differ"),
     }
     report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", f"{ROOT}/tests/impls/wrong.py:ManyBugs", "--report-dir", str(report),
-                   "--select", ",".join(NUMERIC), "--no-isolate")
+    proc = run_cli(
+        "run",
+        "--impl",
+        f"{ROOT}/tests/impls/wrong.py:ManyBugs",
+        "--report-dir",
+        str(report),
+        "--select",
+        ",".join(NUMERIC),
+        "--no-isolate",
+    )
     assert proc.returncode == 1, proc.stdout
     doc = results(report)
     for component, (status, text) in expected.items():
@@ -109,8 +135,16 @@ def test_malformed_config_is_a_usage_error_naming_the_file(tmp_path):
 
 def test_half_supported_implementation_is_unsupported_not_failed(tmp_path):
     report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", f"{ROOT}/tests/impls/wrong.py:HalfSupported", "--report-dir", str(report),
-                   "--select", ",".join(NUMERIC), "--no-isolate")
+    proc = run_cli(
+        "run",
+        "--impl",
+        f"{ROOT}/tests/impls/wrong.py:HalfSupported",
+        "--report-dir",
+        str(report),
+        "--select",
+        ",".join(NUMERIC),
+        "--no-isolate",
+    )
     assert proc.returncode == 0, proc.stdout
     doc = results(report)
     assert {c["status"] for c in doc["cases"] if not c["component"].startswith("quant.")} == {"unsupported"}
@@ -136,14 +170,30 @@ def test_a_full_run_fails_components_below_their_floor(tmp_path):
 
 def test_nothing_supported_does_not_pass(tmp_path):
     report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", f"{ROOT}/tests/impls/wrong.py:HalfSupported", "--report-dir", str(report),
-                   "--select", "norm.rms", "--no-isolate")
+    proc = run_cli(
+        "run",
+        "--impl",
+        f"{ROOT}/tests/impls/wrong.py:HalfSupported",
+        "--report-dir",
+        str(report),
+        "--select",
+        "norm.rms",
+        "--no-isolate",
+    )
     assert proc.returncode == 1
     assert any("no case was executed" in p for p in results(report)["problems"])
 
 
 def test_statuses_table_in_terminal_output(tmp_path):
-    proc = run_cli("run", "--impl", f"{ROOT}/tests/impls/wrong.py:Raises", "--report-dir", str(tmp_path / "r"),
-                   "--select", "norm.rms", "--no-isolate")
+    proc = run_cli(
+        "run",
+        "--impl",
+        f"{ROOT}/tests/impls/wrong.py:Raises",
+        "--report-dir",
+        str(tmp_path / "r"),
+        "--select",
+        "norm.rms",
+        "--no-isolate",
+    )
     assert "ERROR norm.rms/" in proc.stdout and "re-run: conformance run --impl" in proc.stdout
     assert statuses(results(tmp_path / "r"))

@@ -37,8 +37,9 @@ def test_settle_freezes_start_up_and_spaces_young_collections_out_and_cycles_are
 
 def _collector_lines(tmp_path, *options: str) -> list[tuple[int, int]]:
     report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", f"{CI}:CollectorState", "--select", "quant.e2m1", "--report-dir", str(report),
-                   *options)
+    proc = run_cli(
+        "run", "--impl", f"{CI}:CollectorState", "--select", "quant.e2m1", "--report-dir", str(report), *options
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     outputs = "".join(c["output"] for c in results(report)["cases"])
     return [(int(f), int(y)) for f, y in re.findall(r"collector: frozen (\d+) young (\d+)", outputs)]

@@ -9,7 +9,7 @@ import torch
 from v41_conformance.compare import compare_output, ulp_of
 from v41_conformance.policy import Policy
 
-BF16 = Policy("bf16", ulps=1, rel_l2=2 ** -9)
+BF16 = Policy("bf16", ulps=1, rel_l2=2**-9)
 
 
 def _gen(seed=0):
@@ -43,9 +43,13 @@ def test_a_signed_zero_is_one_named_class_in_every_kind():
         refused = compare_output("y", expected, actual, replace(policy, **strict))
         assert not refused.ok and "sign of a zero" in refused.message, policy.kind
     codes = Policy("exact", zero_codes=(0x0, 0x8))  # e2m1 codes: 8 is -0
-    verdict = compare_output("codes", torch.tensor([8, 3], dtype=torch.uint8), torch.tensor([0, 3], dtype=torch.uint8), codes)
+    verdict = compare_output(
+        "codes", torch.tensor([8, 3], dtype=torch.uint8), torch.tensor([0, 3], dtype=torch.uint8), codes
+    )
     assert verdict.ok and verdict.metrics["signed_zeros"] == 1
-    wrong = compare_output("codes", torch.tensor([8, 3], dtype=torch.uint8), torch.tensor([1, 3], dtype=torch.uint8), codes)
+    wrong = compare_output(
+        "codes", torch.tensor([8, 3], dtype=torch.uint8), torch.tensor([1, 3], dtype=torch.uint8), codes
+    )
     assert not wrong.ok and "signed_zeros" not in wrong.metrics  # a real code difference next to zero
 
 
@@ -58,9 +62,9 @@ def test_attributes_come_first():
 
 def test_ulp_of_bf16_and_f32():
     e = torch.tensor([1.0, 1.5, 2.0, 0.0, 3e-39])
-    assert ulp_of(e, torch.bfloat16).tolist()[:3] == [2 ** -7, 2 ** -7, 2 ** -6]
-    assert ulp_of(e, torch.float32)[0] == 2 ** -23
-    assert ulp_of(e, torch.bfloat16)[3] == 2 ** -133  # bf16 subnormal spacing at zero
+    assert ulp_of(e, torch.bfloat16).tolist()[:3] == [2**-7, 2**-7, 2**-6]
+    assert ulp_of(e, torch.float32)[0] == 2**-23
+    assert ulp_of(e, torch.bfloat16)[3] == 2**-133  # bf16 subnormal spacing at zero
 
 
 def test_bf16_accepts_another_summation_order_and_rejects_trivial_answers():
@@ -70,13 +74,16 @@ def test_bf16_accepts_another_summation_order_and_rejects_trivial_answers():
     expected = (xb.double() @ wb.double()).float().to(torch.bfloat16)  # ideal fp32 accumulator
     reordered = torch.zeros(64, 128)
     for k in reversed(range(0, 256, 32)):  # fp32 sums in blocks, back to front
-        reordered += (xb[:, k:k + 32].float() @ wb[k:k + 32].float())
+        reordered += xb[:, k : k + 32].float() @ wb[k : k + 32].float()
     other_order = reordered.to(torch.bfloat16)
     assert not torch.equal(other_order, expected)
     verdict = compare_output("y", expected, other_order, BF16)
     assert verdict.ok and verdict.metrics["max_ulps"] <= 1
-    for wrong in (torch.zeros_like(expected), (expected.double() * (1 + 2 ** -6)).to(torch.bfloat16),
-                  (expected.double() + ulp_of(expected, torch.bfloat16)).to(torch.bfloat16)):
+    for wrong in (
+        torch.zeros_like(expected),
+        (expected.double() * (1 + 2**-6)).to(torch.bfloat16),
+        (expected.double() + ulp_of(expected, torch.bfloat16)).to(torch.bfloat16),
+    ):
         assert not compare_output("y", expected, wrong, BF16).ok
 
 
@@ -104,7 +111,10 @@ def test_absent_rows_come_from_the_ids_never_from_a_zero_in_the_golden():
     leaked = e.clone()
     leaked[0, 1, 0] = 1e-3  # the absent row leaks: within atol, but it must stay exactly 0
     verdict = compare_output("o", e, leaked, policy, context)
-    assert not verdict.ok and "absent rows (every lane of in.ids is -1) must be exactly 0: not at 1 element" in verdict.message
+    assert (
+        not verdict.ok
+        and "absent rows (every lane of in.ids is -1) must be exactly 0: not at 1 element" in verdict.message
+    )
     assert "[0, 1, 0]" in verdict.message
     nan = e.clone()
     nan[0, 1, 1] = float("nan")  # a NaN in an absent row (a running max from -inf)
@@ -131,9 +141,9 @@ def test_f32_atol_rel_absorbs_cancellation_but_not_scaling():
     w = torch.randn(1024, 32, generator=_gen(4))
     expected = (x.double() @ w.double()).float()
     fp32 = x @ w
-    policy = Policy("f32", ulps=8, atol_rel=2 ** -16, rel_l2=1e-5)
+    policy = Policy("f32", ulps=8, atol_rel=2**-16, rel_l2=1e-5)
     assert compare_output("y", expected, fp32, policy).ok
-    assert not compare_output("y", expected, (expected.double() * (1 + 2 ** -6)).float(), policy).ok
+    assert not compare_output("y", expected, (expected.double() * (1 + 2**-6)).float(), policy).ok
 
 
 def test_index_outputs_exact_tie_and_miss():
@@ -166,8 +176,14 @@ def test_empty_index_rows_compare_equal_and_count_their_rows():
     from v41_conformance.policy import Policy
 
     empty = torch.zeros(2, 3, 0, dtype=torch.int32)
-    verdict = compare_output("ids", empty, empty.clone(), Policy(kind="index", scores="aux.s", order="set"),
-                             {"aux.s": torch.zeros(2, 3, 5)}, {})
+    verdict = compare_output(
+        "ids",
+        empty,
+        empty.clone(),
+        Policy(kind="index", scores="aux.s", order="set"),
+        {"aux.s": torch.zeros(2, 3, 5)},
+        {},
+    )
     assert verdict.ok and verdict.metrics["rows"] == 6
     wrong = compare_output("ids", empty, torch.zeros(2, 3, 1, dtype=torch.int32), Policy(kind="index"), {}, {})
     assert not wrong.ok and "shape" in wrong.message
@@ -183,10 +199,12 @@ def test_term_allowance_accepts_one_term_rounding_the_other_way_and_counts_it():
     assert verdict.ok and verdict.metrics["boundary_flips"] == 1
     assert "1 element(s)" in verdict.message and "largest term 64" in verdict.message
     # Two flips' worth of a small term, or a jump well past one flip of a large one, still fail.
-    assert not compare_output("scores", expected, torch.tensor([0.5, 8.125, 8.0], dtype=torch.bfloat16), policy,
-                              context).ok
-    assert not compare_output("scores", expected, torch.tensor([2.0, 8.0, 8.0], dtype=torch.bfloat16), policy,
-                              context).ok
+    assert not compare_output(
+        "scores", expected, torch.tensor([0.5, 8.125, 8.0], dtype=torch.bfloat16), policy, context
+    ).ok
+    assert not compare_output(
+        "scores", expected, torch.tensor([2.0, 8.0, 8.0], dtype=torch.bfloat16), policy, context
+    ).ok
     # Without the aux tensor the golden is stale: say so.
     try:
         compare_output("scores", expected, flipped, policy, {})
@@ -208,8 +226,10 @@ def test_the_share_of_differing_elements_is_counted_over_at_least_256_with_the_c
     moved = expected.clone()
     moved[:22] = 1.0078125  # 17% of 128: a moved rounding point
     verdict = compare_output("rows", expected, moved, policy)
-    assert not verdict.ok and "plus 4 standard deviations of that count, at least 2% of 256: 8.96 element(s)" \
-        in verdict.message
+    assert (
+        not verdict.ok
+        and "plus 4 standard deviations of that count, at least 2% of 256: 8.96 element(s)" in verdict.message
+    )
     large = torch.ones(1024, dtype=torch.bfloat16)
     many = large.clone()
     many[:39] = 1.0078125  # 3.8% of 1024: past 20.5 + 4 x 4.5 = 38.6
@@ -220,13 +240,13 @@ def test_the_share_of_differing_elements_is_counted_over_at_least_256_with_the_c
 
 def test_rel_l2_of_an_argument_allowance_judges_only_the_unexplained_error():
     # cos at angles near 2^20, where one fp32 ulp of the angle is 0.0625 rad.
-    angle = torch.full((64,), 2.0 ** 20) + torch.arange(64) * 0.0625
+    angle = torch.full((64,), 2.0**20) + torch.arange(64) * 0.0625
     expected = torch.cos(angle.double()).float()
     shifted = torch.cos(angle.double() + 0.0625).float()  # the angle one ulp over: correct arithmetic
-    policy = Policy("f32", ulps=2, rel_l2=2 ** -7, argument="angle", argument_ulps=4)
+    policy = Policy("f32", ulps=2, rel_l2=2**-7, argument="angle", argument_ulps=4)
     context = {"angle": angle}
     assert compare_output("table", expected, shifted, policy, context).ok
-    scaled = expected * (1 + 2 ** -6)  # inside the allowance element-wise wherever cos is small ...
+    scaled = expected * (1 + 2**-6)  # inside the allowance element-wise wherever cos is small ...
     wrong = torch.cos(angle.double() + 1.0).float()  # ... but a radian off is not
     assert not compare_output("table", expected, wrong, policy, context).ok
     assert compare_output("table", expected, scaled, policy, context).ok  # 2^-6 < 4 * 0.0625: unexplainable apart
@@ -248,8 +268,9 @@ def test_a_quantised_signed_zero_is_not_a_boundary_flip_nor_a_mismatch():
         verdict = compare_output("y", expected, actual, replace(pol, encoding=encoding), {"pre": x[None]}, {})
         assert verdict.ok and verdict.metrics["signed_zeros"] == 1, (encoding, verdict.message)
         assert not verdict.metrics.get("boundary_flips") and "boundary 0" not in verdict.message
-        strict = compare_output("y", expected, actual, replace(pol, encoding=encoding, accept_signed_zeros=False),
-                                {"pre": x[None]}, {})
+        strict = compare_output(
+            "y", expected, actual, replace(pol, encoding=encoding, accept_signed_zeros=False), {"pre": x[None]}, {}
+        )
         assert not strict.ok and "sign of a zero" in strict.message
 
 
@@ -260,7 +281,9 @@ def test_failure_messages_give_each_allowance_in_its_unit_and_say_what_is_not_fi
     worst = next(line for line in verdict.message.splitlines() if "worst element" in line)
     assert "ulp (allowed |diff| " in worst and worst.endswith(" ulp)")  # the bound in both units
     assert "inside the absolute allowance" not in verdict.message  # the worst ulps are at 2.0
-    near_zero = compare_output("y", e, torch.tensor([1.0, 2.0, 5e-7, 4.0]), Policy("f32", ulps=1, rel_l2=0.0, atol=1e-7))
+    near_zero = compare_output(
+        "y", e, torch.tensor([1.0, 2.0, 5e-7, 4.0]), Policy("f32", ulps=1, rel_l2=0.0, atol=1e-7)
+    )
     assert "at an expected 1e-30, inside the absolute allowance 1e-07" in near_zero.message
     nan = compare_output("y", e, torch.full((4,), float("nan")), Policy("f32", ulps=1, rel_l2=0.5))
     assert not nan.ok and nan.metrics["max_ulps"] is None and nan.metrics["rel_l2"] is None
@@ -304,9 +327,9 @@ def test_a_statistic_over_a_handful_of_elements_decides_nothing_the_element_boun
     one_ulp = e.clone()
     one_ulp[::3] = (e[::3].double() + ulp_of(e[::3], torch.bfloat16)).to(torch.bfloat16)
     verdict = compare_output("s", e, one_ulp, BF16)
-    assert verdict.metrics["rel_l2"] > 2 ** -9  # the coin the old rule flipped
+    assert verdict.metrics["rel_l2"] > 2**-9  # the coin the old rule flipped
     assert verdict.ok, verdict.message
-    scaled = (e.double() * (1 + 2 ** -6)).to(torch.bfloat16)
+    scaled = (e.double() * (1 + 2**-6)).to(torch.bfloat16)
     verdict = compare_output("s", e, scaled, BF16)
     assert not verdict.ok and verdict.metrics["mismatched"] >= 5, verdict.message
     assert "fewer than 256" in verdict.message  # the message says why the L2 allowance is wider
@@ -323,10 +346,12 @@ def test_the_precision_margin_of_a_small_output_follows_its_count():
     lands 6.8x farther from the exact value than the reference happened to, within what the reference's
     own roundings may do there. A ratio of two one-element L2 norms is a coin: its 1.125 margin grows as
     sqrt(256 / n) (18 here); 150x farther still fails."""
-    policy = Policy("bf16", ulps=1, rel_l2=2 ** -9, precision=True)
+    policy = Policy("bf16", ulps=1, rel_l2=2**-9, precision=True)
     expected = torch.tensor([0.02490234375], dtype=torch.bfloat16)
-    context = {"s.exact": torch.tensor([0.024808883666992188], dtype=torch.float64),
-               "s.exact_error": torch.tensor([0.009450927376747131], dtype=torch.float64)}
+    context = {
+        "s.exact": torch.tensor([0.024808883666992188], dtype=torch.float64),
+        "s.exact_error": torch.tensor([0.009450927376747131], dtype=torch.float64),
+    }
     one_fewer = torch.tensor([0.024169921875], dtype=torch.bfloat16)
     verdict = compare_output("s", expected, one_fewer, policy, context)
     assert verdict.ok and verdict.metrics["exact_ratio"] > 6, verdict.message
@@ -342,7 +367,7 @@ def test_rel_l2_over_a_few_differing_elements_of_a_large_output_decides_no_more_
     few = e.clone()
     few[:4] = (e[:4].double() + ulp_of(e[:4], torch.bfloat16)).to(torch.bfloat16)
     verdict = compare_output("s", e, few, BF16)
-    assert verdict.metrics["rel_l2"] > 2 ** -9 and verdict.ok, verdict.message
+    assert verdict.metrics["rel_l2"] > 2**-9 and verdict.ok, verdict.message
     biased = (e.double() + ulp_of(e, torch.bfloat16)).to(torch.bfloat16)  # every element one ulp up
     big = torch.cat([e] * 2)
     assert not compare_output("s", big, torch.cat([biased] * 2), BF16).ok

@@ -63,7 +63,7 @@ def test_plain_softmax_passes_sparse_attn_within_tolerance(tmp_path):
     """Its attention cases, fp8 included, are gates of tests/test_gates.py and tests/test_chain.py."""
     code, doc = cli(tmp_path, f"{WRONG}:PlainSoftmax", "sparse_attn*")
     assert code == 0 and {c["status"] for c in doc["cases"]} == {"pass"}
-    for case in doc["cases"]:   # the tolerance did real work, with headroom left
+    for case in doc["cases"]:  # the tolerance did real work, with headroom left
         o = case["outputs"]["o"]
         assert o["max_ulps"] > 0 and o["rel_l2_headroom"] < 0.6, case["id"]
 
@@ -94,7 +94,7 @@ def test_nan_on_all_absent_rows_fails_only_the_case_that_has_them(tmp_path):
 
 def test_all_absent_rows_are_exactly_zero_in_the_golden():
     golden = load_verified(CONFIG.goldens, "sparse_attn/all-absent-rows-m6-k70", MANIFEST)
-    absent = (golden.inputs["topk_idxs"] == -1).all(-1)       # [b, m]
+    absent = (golden.inputs["topk_idxs"] == -1).all(-1)  # [b, m]
     o = golden.outputs["o"]
     assert int(absent.sum()) == 2
     assert (o[absent] == 0).all() and not torch.isnan(o.float()).any()
@@ -106,12 +106,14 @@ def test_all_absent_rows_are_exactly_zero_in_the_golden():
 
 def _verdicts(impl, case_id: str):
     result = run_case(case_id, CONFIG, impl, type(impl).__name__, MANIFEST)
-    bad = [(int(step), None if layer is None else int(layer), base) for step, layer, base in
-           (NAME_RE.match(n).groups() for n, m in result.outputs.items() if not m["ok"])]
+    bad = [
+        (int(step), None if layer is None else int(layer), base)
+        for step, layer, base in (NAME_RE.match(n).groups() for n, m in result.outputs.items() if not m["ok"])
+    ]
     return result, sorted(bad, key=lambda t: (t[0], -1 if t[1] is None else t[1], t[2]))
 
 
-INDEX_SOURCES = {1, 3, 4, 6}   # config A
+INDEX_SOURCES = {1, 3, 4, 6}  # config A
 # One case per checkpoint and index-key policy: bf16 upstream, fp8 fixed (every case runs in test_chain).
 TWO = ["attention/a-p21-d1x11-upstream", "attention/a-fp8-p21-d1x11-fixed"]
 
@@ -141,7 +143,7 @@ def test_reindex_layer_reading_its_own_empty_keys_fails_its_scores_at_prefill(ca
     assert result.status == "fail" and result.first_divergent_step == 0
     assert result.first_divergent_stage == "s00.l6.index_scores" and {layer for _, layer, _ in bad} == {6}
     assert "judged given your index_q, index_k_seen" in result.message
-    result, bad = _verdicts(bare(OwnEmptyIndexKeys)(), case_id)   # without its scores: a genuine miss
+    result, bad = _verdicts(bare(OwnEmptyIndexKeys)(), case_id)  # without its scores: a genuine miss
     assert (0, 6, "compressed_ids") in bad and {layer for _, layer, _ in bad} == {6}
     assert result.outputs["s00.l6.compressed_ids"]["rows_miss"] > 0
     assert "return s00.l6.index_scores" in result.message
@@ -160,13 +162,16 @@ def test_skipped_inverse_rope_fails_every_layer_at_o(case_id):
 
 
 def test_the_other_index_k_policy_diverges_at_the_first_even_decode_step():
-    for case_id, step in (("attention/a-p21-d1x11-upstream", 2), ("attention/a-p21-d1x11-fixed", 2),
-                          ("attention/a-p5-d7-d9-d1x2-gen-upstream", 4)):
+    for case_id, step in (
+        ("attention/a-p21-d1x11-upstream", 2),
+        ("attention/a-p21-d1x11-fixed", 2),
+        ("attention/a-p5-d7-d9-d1x2-gen-upstream", 4),
+    ):
         result = run_case(case_id, CONFIG, OtherIndexKPolicy(), "other-policy", MANIFEST)
         assert result.status == "fail" and result.first_divergent_step == step, (case_id, result.message)
         assert not result.outputs[f"s{step:02d}.published"]["ok"]
         layers = {n.split(".")[1] for n, m in result.outputs.items() if not m["ok"] and n.startswith(f"s{step:02d}.l")}
-        assert layers <= {"l1", "l2", "l3"}, layers   # only the ratio-2 layers read index_k
+        assert layers <= {"l1", "l2", "l3"}, layers  # only the ratio-2 layers read index_k
 
 
 # --- the interface: errors name the step and the layer --------------------------------------
@@ -176,7 +181,7 @@ class PublishesForeignSlot(ReferenceAdapter):
     def run(self, component, inputs, params):
         out = super().run(component, inputs, params)
         if component == "attention" and params["layer"] == 2:
-            out["rt.compress_kv"] = inputs["rt.compress_kv"]   # a Reuse layer publishes nothing
+            out["rt.compress_kv"] = inputs["rt.compress_kv"]  # a Reuse layer publishes nothing
         return out
 
 
@@ -235,11 +240,14 @@ def _tie_only(a: list[int], b: list[int], scores: torch.Tensor) -> bool:
     return len(a) == len(b) and bool((scores[list(set(a) ^ set(b))] == kth).all()) and bool(scores[b].min() == kth)
 
 
-@pytest.mark.parametrize("case_id,one_shot", [
-    ("attention/a-p5-d7-d9-d1x2-gen-upstream", [[0, 21], [21, 22], [22, 23]]),
-    ("attention/a-p21-d3-d4-d1x4-gen-fixed", [[0, 32]]),
-    ("attention/a-p21-d1x11-fixed", [[0, 32]]),
-])
+@pytest.mark.parametrize(
+    "case_id,one_shot",
+    [
+        ("attention/a-p5-d7-d9-d1x2-gen-upstream", [[0, 21], [21, 22], [22, 23]]),
+        ("attention/a-p21-d3-d4-d1x4-gen-fixed", [[0, 32]]),
+        ("attention/a-p21-d1x11-fixed", [[0, 32]]),
+    ],
+)
 def test_chunked_schedules_equal_the_one_shot_prefill(case_id, one_shot):
     """Ids and cache rows identical, out within tolerance, except where torch's top-k breaks a
     tie differently: its tie order depends on the row length T = end // r (docs/attention.md)."""
@@ -253,8 +261,10 @@ def test_chunked_schedules_equal_the_one_shot_prefill(case_id, one_shot):
         mine, theirs = _by_position(golden.outputs, schedule, layer, "out"), _by_position(ref, one_shot, layer, "out")
         keep = torch.ones(mine.shape[1], dtype=torch.bool)
         if ratio:
-            pairs = zip(_selections(golden.outputs, golden.aux, schedule, layer, win),
-                        _selections(ref, {}, one_shot, layer, win))
+            pairs = zip(
+                _selections(golden.outputs, golden.aux, schedule, layer, win),
+                _selections(ref, {}, one_shot, layer, win),
+            )
             for pos, ((a, scores), (b, _)) in enumerate(pairs):
                 if a != b:
                     assert all(_tie_only(x, y, s) for x, y, s in zip(a, b, scores)), (layer, pos, a, b)
@@ -262,7 +272,7 @@ def test_chunked_schedules_equal_the_one_shot_prefill(case_id, one_shot):
             assert keep.float().mean() > 0.9, layer
         verdict = compare_output("out", theirs[:, keep], mine[:, keep], policy)
         assert verdict.ok, (layer, verdict.message)
-        assert verdict.metrics["rel_l2"] < 0.1 * policy.rel_l2, (layer, verdict.metrics)   # a few ulps, no more
+        assert verdict.metrics["rel_l2"] < 0.1 * policy.rel_l2, (layer, verdict.metrics)  # a few ulps, no more
         for name in ("compress_rows", "index_k_rows"):
             if f"s00.l{layer}.{name}" in golden.outputs:
                 a = _by_position(golden.outputs, schedule, layer, name)
@@ -287,7 +297,7 @@ def test_topology_example_is_accepted_and_rejections_name_the_layer_and_both_sou
         assert message.startswith("ok:") is not rejected, (case_id, message)
         if rejected and "entries" not in message:
             assert re.match(r"layer \d+: ", message), message
-        if "lies in" in message:   # a refinement failure names the layer and both sources
+        if "lies in" in message:  # a refinement failure names the layer and both sources
             assert len(re.findall(r"\d+", message.split(";")[0])) >= 3, message
 
 

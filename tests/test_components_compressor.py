@@ -30,9 +30,11 @@ def _goldens():
 
 def _weights(dim: int, hd: int, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return {"wkv": (torch.randn(hd, dim, generator=g) / dim ** 0.5).bfloat16(),
-            "wgate": (torch.randn(hd, dim, generator=g) / dim ** 0.5).bfloat16(),
-            "norm_w": (1 + 0.1 * torch.randn(hd, generator=g)).bfloat16()}
+    return {
+        "wkv": (torch.randn(hd, dim, generator=g) / dim**0.5).bfloat16(),
+        "wgate": (torch.randn(hd, dim, generator=g) / dim**0.5).bfloat16(),
+        "norm_w": (1 + 0.1 * torch.randn(hd, generator=g)).bfloat16(),
+    }
 
 
 # --- the figures, through the components --------------------------------------------------------
@@ -40,8 +42,12 @@ def _weights(dim: int, hd: int, seed: int = 0) -> dict[str, torch.Tensor]:
 
 def test_cache_bytes_figures():
     ref = get("cache.bytes").reference
-    prod = {k: int(v) for k, v in ref({}, {"head_dim": 512, "index_head_dim": 128, "ratio": 2,
-                                          "block_positions": 128, "state_slots": 7}).items()}
+    prod = {
+        k: int(v)
+        for k, v in ref(
+            {}, {"head_dim": 512, "index_head_dim": 128, "ratio": 2, "block_positions": 128, "state_slots": 7}
+        ).items()
+    }
     assert (prod["fp8_main_row"], prod["fp4_main_row"], prod["fp4_index_row"]) == (528, 288, 68)
     assert (prod["fp8_main_block"], prod["fp4_main_block"], prod["fp4_index_block"]) == (33_792, 18_432, 4_352)
     assert prod["rows_per_block"] == 64 and prod["state"] == 28_672
@@ -92,8 +98,9 @@ def test_metadata_figures():
     assert out["s01.store_slots"].tolist() == [0, 1] and out["s01.row_positions"].tolist() == [0, 2]
     assert torch.equal(out["s02.out_rows"], rows[:, 2:])
     # decode: one row per query position; only the positions that close a group are valid
-    decode = meta.execute(meta.reference, {"rows": rows[:, :2]}, {"ratio": 2, "schedule": [[0, 1], [1, 4]],
-                                                                   "decode_from": 1})
+    decode = meta.execute(
+        meta.reference, {"rows": rows[:, :2]}, {"ratio": 2, "schedule": [[0, 1], [1, 4]], "decode_from": 1}
+    )
     assert decode["s01.valid"].tolist() == [True, False, True]
     assert decode["s01.store_slots"].tolist() == [0, -1, 1] and decode["s01.row_positions"].tolist() == [0, 0, 2]
     assert not decode["s01.out_rows"][:, 1].any() and torch.equal(decode["s01.out_rows"][:, 2], rows[:, 1])
@@ -108,7 +115,8 @@ def test_entries_expand_into_one_case_per_schedule():
     assert len(tiny) == 64 and all(CASE_RE.match(name) for name in tiny)
     assert tiny["r2-tiny-chunks-1-3-3"].params["schedule"] == [[0, 1], [1, 4], [4, 7]]
     assert sorted(map(str, (s.params["schedule"] for s in tiny.values()))) == sorted(
-        str([list(step) for step in c]) for c in compositions(7))
+        str([list(step) for step in c]) for c in compositions(7)
+    )
     rollbacks = [s for s in specs if "-rb" in s.name]
     assert len(rollbacks) >= 5 and all(s.params["schedule"][-1][1] > 0 for s in rollbacks)
     assert schedules_from("ragged-13-3-5") == [from_lengths([3, 5, 3, 2])]
@@ -178,19 +186,38 @@ def _first_rollback_reading_a_freed_slot(schedule) -> int | None:
 # impl: (failing components, {case: first divergent step}, text in that case's message,
 #        a rule giving the first divergent step of every ratio-2 compressor case)
 BUGS = {
-    "RingOneSlotSmall": ({"compressor", "compressor.ring"}, {"compressor/r2-tiny-chunks-1-6": 1,
-                                                             "compressor/r2-hd512-chunks-1-6": 1},
-                         "s01.rows", None),
-    "EarlyPool": ({"compressor"}, {"compressor/r2-tiny-chunks-1-3-3": 0, "compressor/r2-tiny-chunks-2-5": 1},
-                  "s00.rows': shape [2, 1, 32] != expected [2, 0, 32]", lambda s: _first_group_step(s, True)),
-    "ChannelSoftmax": ({"compressor"}, {"compressor/r2-tiny-chunks-1-3-3": 1, "compressor/r2-tiny-chunks-2-5": 0},
-                       "s01.rows", _first_group_step),
-    "CastAfterNorm": ({"compressor"}, {"compressor/r2-tiny-chunks-1-3-3": 1, "compressor/r2-a-p21-d1x11": 0,
-                                       "compressor/r2-hd512-chunks-1-6": 1}, "s01.rows", _first_group_step),
+    "RingOneSlotSmall": (
+        {"compressor", "compressor.ring"},
+        {"compressor/r2-tiny-chunks-1-6": 1, "compressor/r2-hd512-chunks-1-6": 1},
+        "s01.rows",
+        None,
+    ),
+    "EarlyPool": (
+        {"compressor"},
+        {"compressor/r2-tiny-chunks-1-3-3": 0, "compressor/r2-tiny-chunks-2-5": 1},
+        "s00.rows': shape [2, 1, 32] != expected [2, 0, 32]",
+        lambda s: _first_group_step(s, True),
+    ),
+    "ChannelSoftmax": (
+        {"compressor"},
+        {"compressor/r2-tiny-chunks-1-3-3": 1, "compressor/r2-tiny-chunks-2-5": 0},
+        "s01.rows",
+        _first_group_step,
+    ),
+    "CastAfterNorm": (
+        {"compressor"},
+        {"compressor/r2-tiny-chunks-1-3-3": 1, "compressor/r2-a-p21-d1x11": 0, "compressor/r2-hd512-chunks-1-6": 1},
+        "s01.rows",
+        _first_group_step,
+    ),
     "RopeAtLast": ({"kv.finish"}, {}, "main_rope", None),
     # the MLX port's bug: every draft step passed and the rollback after it failed; now the draft step fails
-    "KeepsLiveSlotsOnly": ({"compressor"}, {"compressor/r2-q6-p5-d4-rb2-d3": 1}, "s01.ring_kept",
-                           _first_rollback_reading_a_freed_slot),
+    "KeepsLiveSlotsOnly": (
+        {"compressor"},
+        {"compressor/r2-q6-p5-d4-rb2-d3": 1},
+        "s01.ring_kept",
+        _first_rollback_reading_a_freed_slot,
+    ),
 }
 
 
@@ -218,7 +245,9 @@ def test_wrong_implementation_fails_the_expected_component_and_step(tmp_path, mo
         assert cases["compressor.ring/r1-q6-s0"]["status"] == "pass"
     if impl == "RopeAtLast":  # ratio 1 (first == last position) and an empty step still pass
         assert {i for i, c in cases.items() if i.startswith("kv.finish/") and c["status"] == "pass"} == {
-            "kv.finish/r1-a", "kv.finish/r2-empty"}
+            "kv.finish/r1-a",
+            "kv.finish/r2-empty",
+        }
         assert "main_packed" in cases["kv.finish/r2-prod-hd512"]["message"]
     if impl in ("ChannelSoftmax", "CastAfterNorm", "EarlyPool"):  # ratio 1 has no pooling
         assert all(c["status"] == "pass" for i, c in cases.items() if i.startswith("compressor/r1-"))
@@ -227,6 +256,11 @@ def test_wrong_implementation_fails_the_expected_component_and_step(tmp_path, mo
 def test_float64_compressor_with_blas_projections_passes(tmp_path, monkeypatch):
     doc = _run(tmp_path, monkeypatch, "Float64Compressor")
     assert all(c["status"] == "pass" for c in doc["cases"])
-    live = [m.get("max_ulps") or 0 for c in doc["cases"] if c["component"] == "compressor"
-            for name, m in c["outputs"].items() if name.endswith("ring_kept")]
+    live = [
+        m.get("max_ulps") or 0
+        for c in doc["cases"]
+        if c["component"] == "compressor"
+        for name, m in c["outputs"].items()
+        if name.endswith("ring_kept")
+    ]
     assert max(live) > 0  # it differs from the reference: the f32 tolerance did real work

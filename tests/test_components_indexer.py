@@ -20,8 +20,17 @@ from v41_conformance.reference.topk import uses_partial_sort
 from v41_conformance.known import get
 
 WRONG = f"{ROOT}/tests/impls/wrong_indexer.py"
-OURS = ["indexer.weights", "indexer.scores", "indexer.select", "indexer", "candidates.select",
-        "candidates.restore", "window.indices", "address.prefill", "address.decode"]
+OURS = [
+    "indexer.weights",
+    "indexer.scores",
+    "indexer.select",
+    "indexer",
+    "candidates.select",
+    "candidates.restore",
+    "window.indices",
+    "address.prefill",
+    "address.decode",
+]
 SELECTING = ["indexer.select", "indexer"]
 INF = float("inf")
 BF = torch.bfloat16
@@ -58,8 +67,12 @@ def lowest_index_ids(masked: torch.Tensor, k: int, offset: int) -> torch.Tensor:
 
 
 def test_lab27_scores_and_head_weights():
-    w = call("indexer.weights", {"index_head_dim": 2}, x=torch.tensor([[[1.0]]], dtype=BF),
-             weights_proj=torch.tensor([[2.0], [4.0]], dtype=BF))["weights"]
+    w = call(
+        "indexer.weights",
+        {"index_head_dim": 2},
+        x=torch.tensor([[[1.0]]], dtype=BF),
+        weights_proj=torch.tensor([[2.0], [4.0]], dtype=BF),
+    )["weights"]
     assert w.flatten().tolist() == [1.0, 2.0]  # weights 1 and 2 after the 2^-0.5 * 2^-0.5 multiplier
     q = torch.tensor([[[[1, 0], [0, 1]]]], dtype=BF)
     k = torch.tensor([[[2, 0], [0, 3], [1, 1], [-1, -1], [0, 150]]], dtype=BF)
@@ -76,8 +89,12 @@ def test_lab27_valid_prefix_top2_and_one_valid_row():
     assert ids.tolist() == [[[1, 2]]]  # "Top-2 over valid rows: [1, 2]", not 4
     best = max(itertools.combinations(range(4), 2), key=lambda p: sum(scores[0, 0, list(p)].tolist()))
     assert list(best) == [1, 2]  # the lab checks the total score against all pairs of valid rows
-    one = call("indexer.select", {"start": 0, "ratio": 1, "index_topk": 3, "offset": 0},
-               scores=torch.tensor([[[5, 9, 7]]], dtype=BF), candidates=torch.ones(1, 1, 3, dtype=torch.bool))
+    one = call(
+        "indexer.select",
+        {"start": 0, "ratio": 1, "index_topk": 3, "offset": 0},
+        scores=torch.tensor([[[5, 9, 7]]], dtype=BF),
+        candidates=torch.ones(1, 1, 3, dtype=torch.bool),
+    )
     assert one["ids"].tolist() == [[[0, -1, -1]]]  # "One valid row, three output slots"
     assert golden("indexer.select/lab27-prefix4-top2")["out.ids"].tolist() == [[[1, 2]]]
     assert golden("indexer.select/lab27-one-valid-row-three-slots")["out.ids"].tolist() == [[[0, -1, -1]]]
@@ -91,13 +108,18 @@ def test_lab27_candidate_block_changes_token_topk():
     ranked = aux(unpinned, {"topk_blocks": 1, "block_size": 2}, out)["ranked_scores"]
     assert ranked.flatten().tolist()[:2] == [6, 3]  # "Candidate block scores: [6, 3]"
     assert out["blocks"].flatten().tolist()[0] == 0  # "retained block: 0"
-    restricted = call("indexer.select", {"start": 3, "ratio": 1, "index_topk": 2, "offset": 0},
-                      scores=torch.tensor([[[2, 6, 3, 0, 300]]], dtype=BF), candidates=out["mask"])
+    restricted = call(
+        "indexer.select",
+        {"start": 3, "ratio": 1, "index_topk": 2, "offset": 0},
+        scores=torch.tensor([[[2, 6, 3, 0, 300]]], dtype=BF),
+        candidates=out["mask"],
+    )
     assert restricted["ids"].tolist() == [[[0, 1]]]  # "Top-2 within retained block: [0, 1]"
     assert golden("indexer.select/lab27-candidates-block0-top2")["out.ids"].tolist() == [[[0, 1]]]
     # Upstream pins the block holding the newest reachable row (row 3 -> block 1) instead.
-    pinned = call("candidates.select", {"topk_blocks": 1, "block_size": 2}, logits=logits,
-                  compress_lens=torch.tensor([4]))
+    pinned = call(
+        "candidates.select", {"topk_blocks": 1, "block_size": 2}, logits=logits, compress_lens=torch.tensor([4])
+    )
     assert pinned["mask"].flatten().tolist() == [False, False, True, True, False]
     assert golden("candidates.select/lab27-pinned-top1")["out.blocks"].flatten().tolist() == [1, -1, -1]
 
@@ -105,9 +127,12 @@ def test_lab27_candidate_block_changes_token_topk():
 def test_lab27_addresses():
     ids = torch.tensor([[[1, 2]]], dtype=torch.int32)
     assert call("address.prefill", {"base": 10}, ids=ids)["ids"].tolist() == [[[11, 12]]]
-    slots = call("address.decode", {"block_size": 8, "ratio": 2},
-                 ids=torch.tensor([[[1, 2, 4, -1]]], dtype=torch.int32),
-                 block_table=torch.tensor([[7, 2]], dtype=torch.int32))["slots"]
+    slots = call(
+        "address.decode",
+        {"block_size": 8, "ratio": 2},
+        ids=torch.tensor([[[1, 2, 4, -1]]], dtype=torch.int32),
+        block_table=torch.tensor([[7, 2]], dtype=torch.int32),
+    )["slots"]
     assert slots.tolist() == [[[29, 30, 8, -1]]]
     assert golden("address.decode/lab27-b8-r2")["out.slots"].tolist() == [[[29, 30, 8, -1]]]
     assert golden("address.prefill/lab27-base10")["out.ids"].tolist() == [[[11, 12]]]
@@ -152,9 +177,14 @@ def test_selection_goldens_are_top_k_of_their_masked_scores():
 def test_goldens_cover_ties_widths_branches_and_the_leak():
     tied = {c: _expected_tie_rows(c) for c in golden_ids("indexer.select") if "leak-upstream" not in c}
     assert sum(tied.values()) >= 40 and sum(1 for n in tied.values() if n) >= 8, tied  # tie-dense
-    for case_id in ("ties-all-equal-r1-prefill-s24", "ties-bf16-levels-r1-chunk-start36",
-                    "ties-relu-zeros-r2-chunk-start48", "ties-ninf-runs-r1-chunk-start12",
-                    "production-r2-top512-of-16384", "partial-sort-top512-of-32768"):
+    for case_id in (
+        "ties-all-equal-r1-prefill-s24",
+        "ties-bf16-levels-r1-chunk-start36",
+        "ties-relu-zeros-r2-chunk-start48",
+        "ties-ninf-runs-r1-chunk-start12",
+        "production-r2-top512-of-16384",
+        "partial-sort-top512-of-32768",
+    ):
         assert tied[f"indexer.select/{case_id}"] > 0, case_id
     prod = golden("indexer.select/production-r1-top512-of-16384")
     assert prod["out.ids"].shape[-1] == 512 and prod["in.scores"].shape[-1] == 16384
@@ -231,8 +261,12 @@ def test_selection_over_the_whole_buffer_misses_valid_rows(tmp_path):
     lab = cases["indexer.select/lab27-prefix4-top2"]
     assert lab["status"] == "fail" and "-1 where the reference has a valid id (missing_id)" in lab["message"]
     assert "expected ids: [1, 2]" in lab["message"] and "actual ids:   [1, -1]" in lab["message"]
-    for case_id in ("indexer.select/r1-prefill-s16-future-large", "indexer.select/r1-decode-start40-buffer48",
-                    "indexer/r1-prefill-s21", "indexer/r2-prefill-s21-b2"):
+    for case_id in (
+        "indexer.select/r1-prefill-s16-future-large",
+        "indexer.select/r1-decode-start40-buffer48",
+        "indexer/r1-prefill-s21",
+        "indexer/r2-prefill-s21-b2",
+    ):
         assert cases[case_id]["status"] == "fail" and cases[case_id]["outputs"]["ids"]["rows_miss"] > 0, case_id
     for case_id in ("indexer/r1-decode-start25", "indexer/r2-decode-start26-even"):  # T == prefix at decode
         assert cases[case_id]["status"] == "pass", case_id
@@ -250,8 +284,9 @@ def _expected_tie_rows(case_id: str) -> int:
         low = torch.where(g["in.candidates"].gather(-1, (low - off).clamp(min=0)), low, -1)
     low = torch.where(low < 0, torch.iinfo(torch.int64).max, low).sort(-1).values
     low = torch.where(low == torch.iinfo(torch.int64).max, -1, low)
-    verdict = classify_index_rows(ids, low, masked, offset=off, order="set", id_limit=g["aux.id_limit"],
-                                  fill_is_worst=True)
+    verdict = classify_index_rows(
+        ids, low, masked, offset=off, order="set", id_limit=g["aux.id_limit"], fill_is_worst=True
+    )
     assert verdict.miss == 0, case_id
     return verdict.tie
 
@@ -267,8 +302,13 @@ def test_lowest_index_ties_are_tie_order_only_and_accepted_when_the_impl_opts_in
         assert (ids["rows_tie"], ids["rows_miss"]) == (want, 0), case_id
         assert case["status"] == ("fail" if want else "pass"), case_id
         if want:
-            assert re.search(r"tie order only, (0 near tie, )?0 miss", case["message"]) and "first tie-order row:\n  row (" in case["message"]
-            assert "the selected values are the reference's" in case["message"] and "accept_ties: true" in case["message"]
+            assert (
+                re.search(r"tie order only, (0 near tie, )?0 miss", case["message"])
+                and "first tie-order row:\n  row (" in case["message"]
+            )
+            assert (
+                "the selected values are the reference's" in case["message"] and "accept_ties: true" in case["message"]
+            )
     assert expected_any >= 8
     # The same implementation with accept_ties: true in its conformance.yaml entry passes.
     (tmp_path / "p").mkdir()
@@ -297,15 +337,20 @@ def test_leak_rows_differ_only_at_minus_inf_ties():
         low = torch.where(low - off < lens[:, None], low, -1)
         naive = classify_index_rows(ids, low, masked, offset=off, order="set")
         assert naive.miss > 0
-        verdict = classify_index_rows(ids, low, masked, offset=off, order="set", id_limit=g["aux.id_limit"],
-                                      fill_is_worst=True)
+        verdict = classify_index_rows(
+            ids, low, masked, offset=off, order="set", id_limit=g["aux.id_limit"], fill_is_worst=True
+        )
         assert verdict.miss == 0 and verdict.tie == naive.miss + naive.tie, case_id
         # a valid id at or past the query's limit (an unreachable row) stays a miss
         beyond = low.clone()
         row = int(verdict.tie_rows[0])
         beyond[0, row, -1] = int(g["aux.id_limit"][0, row])
-        assert classify_index_rows(ids, beyond, masked, offset=off, order="set", id_limit=g["aux.id_limit"],
-                                   fill_is_worst=True).violations["out_of_range"] >= 1
+        assert (
+            classify_index_rows(
+                ids, beyond, masked, offset=off, order="set", id_limit=g["aux.id_limit"], fill_is_worst=True
+            ).violations["out_of_range"]
+            >= 1
+        )
 
 
 def test_a_mask_follows_its_blocks_so_tie_order_in_the_kept_blocks_is_one_accepted_difference(tmp_path):

@@ -25,7 +25,9 @@ LIBSTDCXX = platform.system() == "Linux" and "GCC" in torch.__config__.show()
 def test_goldens_agree_with_real_torch_topk(case_id):
     golden = load_verified(CONFIG.goldens, case_id, MANIFEST)
     p = golden.meta["params"]
-    got = torch.topk(golden.inputs["values"], int(p["k"]), dim=-1, largest=p.get("largest", True), sorted=p.get("sorted", True))
+    got = torch.topk(
+        golden.inputs["values"], int(p["k"]), dim=-1, largest=p.get("largest", True), sorted=p.get("sorted", True)
+    )
     assert torch.equal(got.indices, golden.outputs["indices"])
 
 
@@ -72,13 +74,26 @@ def test_dropping_a_strictly_larger_score_is_a_miss():
 def test_tie_verdict_through_the_cli_and_conformance_yaml(tmp_path):
     project = make_project(tmp_path, ["topk.torch_cpu"])
     config = project / "conformance.yaml"
-    config.write_text(config.read_text() + f"""  lowest-lenient:
+    config.write_text(
+        config.read_text()
+        + f"""  lowest-lenient:
     python: {ROOT}/tests/impls/wrong_topk.py:LowestIndexTopk
     accept_ties: true
-""")
+"""
+    )
     report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", "lowest-lenient", "--config", str(config), "--report-dir", str(report),
-                   "--select", "topk.torch_cpu/nth-all-ninf*,topk.torch_cpu/partial-*", "--no-isolate")
+    proc = run_cli(
+        "run",
+        "--impl",
+        "lowest-lenient",
+        "--config",
+        str(config),
+        "--report-dir",
+        str(report),
+        "--select",
+        "topk.torch_cpu/nth-all-ninf*,topk.torch_cpu/partial-*",
+        "--no-isolate",
+    )
     assert proc.returncode == 0, proc.stdout
     doc = results(report)
     assert doc["components"]["topk.torch_cpu"]["tie_rows"] == 3
@@ -106,6 +121,8 @@ def test_an_unsorted_top_k_is_judged_as_its_pairs_in_any_order():
     for case_id in UNSORTED:
         value = run_case(case_id, CONFIG, PermutedWrongValue(), "wrong-value", MANIFEST, {"accept_ties": True})
         assert value.status == "fail" and value.outputs["indices"]["ok"] and not value.outputs["values"]["ok"], case_id
-        assert value.outputs["values"]["mismatched"] == 1 and "judged as the set of (index, value) pairs" in value.message
+        assert (
+            value.outputs["values"]["mismatched"] == 1 and "judged as the set of (index, value) pairs" in value.message
+        )
         index = run_case(case_id, CONFIG, PermutedWrongIndex(), "wrong-index", MANIFEST, {"accept_ties": True})
         assert index.status == "fail" and index.outputs["indices"]["rows_miss"] == 1, (case_id, index.message)

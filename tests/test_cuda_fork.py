@@ -35,8 +35,21 @@ def driver(tmp_path_factory) -> Path:
         pytest.fail("gcc is required to build the stand-in CUDA driver (apt-get install gcc)")
     folder = tmp_path_factory.mktemp("standin")
     library = folder / "libcuda.so.1"
-    proc = subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-Wall", "-Wl,-soname,libcuda.so.1", "-o", str(library),
-                           str(ROOT / "tests" / "standin" / "libcuda_standin.c")], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-Wall",
+            "-Wl,-soname,libcuda.so.1",
+            "-o",
+            str(library),
+            str(ROOT / "tests" / "standin" / "libcuda_standin.c"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     return library
 
@@ -45,9 +58,12 @@ def environment(driver: Path, log: Path) -> dict:
     """A process that finds the stand-in as `libcuda.so.1` (as the real driver is found), whose
     probe asks it (the test-only variable), and whose every `cuInit` is logged."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # a session of its own
-    env.update(LD_LIBRARY_PATH=f"{driver.parent}{os.pathsep}{os.environ.get('LD_LIBRARY_PATH', '')}",
-               CONFORMANCE_TEST_LIBCUDA=str(driver), STANDIN_CUDA_LOG=str(log),
-               PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env.update(
+        LD_LIBRARY_PATH=f"{driver.parent}{os.pathsep}{os.environ.get('LD_LIBRARY_PATH', '')}",
+        CONFORMANCE_TEST_LIBCUDA=str(driver),
+        STANDIN_CUDA_LOG=str(log),
+        PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    )
     return env
 
 
@@ -59,13 +75,15 @@ def inits(log: Path) -> list[tuple[int, int]]:
 
 
 def python(code: str, env: dict, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_the_stand_in_poisons_forks_and_the_probe_sees_it_without_loading_the_driver(driver, tmp_path):
     log = tmp_path / "cuinit.log"
-    proc = python("""
+    proc = python(
+        """
         import ctypes, os
         from v41_conformance import cuda_driver, forkserver
         assert cuda_driver.loaded() is None and not cuda_driver.initialised()  # never loaded by the question
@@ -78,7 +96,10 @@ def test_the_stand_in_poisons_forks_and_the_probe_sees_it_without_loading_the_dr
         if pid == 0:
             os._exit(lib.cuInit(0))  # a fork of an initialised process: CUDA_ERROR_NOT_INITIALIZED
         print(os.getpid(), os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
-    """, environment(driver, log), tmp_path)
+    """,
+        environment(driver, log),
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     parent, child_code = (int(x) for x in proc.stdout.split())
     assert child_code == 3
@@ -87,7 +108,8 @@ def test_the_stand_in_poisons_forks_and_the_probe_sees_it_without_loading_the_dr
 
 def test_the_device_check_initialises_the_driver_only_in_a_throwaway_child(driver, tmp_path):
     log = tmp_path / "cuinit.log"
-    proc = python("""
+    proc = python(
+        """
         import os
         from v41_conformance import cuda_driver
         from v41_conformance.cli import _check_device
@@ -106,7 +128,10 @@ def test_the_device_check_initialises_the_driver_only_in_a_throwaway_child(drive
             print("usable")
         except UsageError as exc:
             print(exc)
-    """, environment(driver, log), tmp_path)
+    """,
+        environment(driver, log),
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     first, message, again = proc.stdout.splitlines()[:3]
     pid, initialised = first.split()
@@ -137,8 +162,9 @@ CLI = """
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_cli_children_use_cuda_after_the_runs_own_process_initialised_the_driver(driver, tmp_path, workers):
     log = tmp_path / "cuinit.log"
-    proc = python(CLI.format(unguarded=False, impl=IMPL, select=SELECT, workers=workers), environment(driver, log),
-                  tmp_path)
+    proc = python(
+        CLI.format(unguarded=False, impl=IMPL, select=SELECT, workers=workers), environment(driver, log), tmp_path
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = results(tmp_path / "rep")
     assert set(statuses(doc).values()) == {"pass"} and len(doc["cases"]) == 3
@@ -174,9 +200,27 @@ def test_the_plugins_children_use_cuda_after_a_conftest_initialised_the_driver(d
     (tmp_path / "conftest.py").write_text(CONFTEST)
     log = tmp_path / "cuinit.log"
     spread = ["-n", "2"] if workers == "2" else ["-p", "no:xdist"]
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *spread,
-                           "--conformance-impl", IMPL, "--conformance-select", SELECT, "--conformance-report-dir", "rep"],
-                          cwd=tmp_path, env=environment(driver, log), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            *spread,
+            "--conformance-impl",
+            IMPL,
+            "--conformance-select",
+            SELECT,
+            "--conformance-report-dir",
+            "rep",
+        ],
+        cwd=tmp_path,
+        env=environment(driver, log),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0 and "3 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = results(tmp_path / "rep")
     assert set(statuses(doc).values()) == {"pass"}

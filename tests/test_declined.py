@@ -84,8 +84,11 @@ def test_a_declined_output_makes_the_case_partial_never_a_pass_of_it(tmp_path):
     doc = results(report)
     for case in doc["cases"]:
         assert case["status"] == "partial" and case["declined"] == ["scores"], case["message"]
-        assert case["outputs"]["scores"] == {"ok": None, "declined": "ids only: the scores are never materialised",
-                                             "policy": case["outputs"]["scores"]["policy"]}
+        assert case["outputs"]["scores"] == {
+            "ok": None,
+            "declined": "ids only: the scores are never materialised",
+            "policy": case["outputs"]["scores"]["policy"],
+        }
         assert case["outputs"]["ids"]["ok"] is True
         assert case["message"].startswith("declined output(s), not judged: scores (ids only")
     assert doc["components"]["indexer"]["verdict"] == "partial" and doc["components"]["indexer"]["partial"] == 3
@@ -109,8 +112,11 @@ def test_a_program_declines_an_output_in_its_output_metadata(tmp_path):
     program.write_text(PROGRAM)
     project = make_project(tmp_path, ["quant.fp4_e8m0"])
     config = project / "conformance.yaml"
-    config.write_text(config.read_text().replace(
-        "impls:\n", f"impls:\n  values-only:\n    command: [{sys.executable}, {program}]\n    batch: true\n", 1))
+    config.write_text(
+        config.read_text().replace(
+            "impls:\n", f"impls:\n  values-only:\n    command: [{sys.executable}, {program}]\n    batch: true\n", 1
+        )
+    )
     proc, report = _run(tmp_path, "values-only", "quant.fp4_e8m0/*", config)
     doc = results(report)
     assert proc.returncode == 0, proc.stdout

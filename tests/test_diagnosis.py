@@ -27,22 +27,37 @@ MANIFEST = read_manifest(CONFIG.goldens)
 
 # Where each variant shows, in cheap cases (the first two of the pattern it changes are judged).
 WHERE = {
-    "rmsnorm-bf16-before-weight": "norm.rms/*", "rmsnorm-eps": "norm.rms/small-rows-*",
-    "rope-bf16-table": "rope.apply/*", "rope-halves": "rope.apply/*", "rope-first-dims": "rope.apply/*",
-    "yarn-betas-swapped": "rope.yarn_table/*", "e2m1-minus-zero-lost": "quant.fp4_e8m0/*",
-    "e2m1-ties-away": "quant.e2m1/*", "pow2-scale-floor": "quant.fp8_ue8m0/*", "fp8-blocks-64": "quant.fp8_ue8m0/*",
-    "fp8-blocks-128": "quant.fp8_ue8m0/*", "fp8-no-amax-floor": "quant.fp8_ue8m0/zero-blocks-*",
-    "fp4-e4m3-as-pow2-blocks-32": "quant.fp4_e4m3/*", "fp4-e4m3-scale-bf16": "quant.fp4_e4m3/*",
+    "rmsnorm-bf16-before-weight": "norm.rms/*",
+    "rmsnorm-eps": "norm.rms/small-rows-*",
+    "rope-bf16-table": "rope.apply/*",
+    "rope-halves": "rope.apply/*",
+    "rope-first-dims": "rope.apply/*",
+    "yarn-betas-swapped": "rope.yarn_table/*",
+    "e2m1-minus-zero-lost": "quant.fp4_e8m0/*",
+    "e2m1-ties-away": "quant.e2m1/*",
+    "pow2-scale-floor": "quant.fp8_ue8m0/*",
+    "fp8-blocks-64": "quant.fp8_ue8m0/*",
+    "fp8-blocks-128": "quant.fp8_ue8m0/*",
+    "fp8-no-amax-floor": "quant.fp8_ue8m0/zero-blocks-*",
+    "fp4-e4m3-as-pow2-blocks-32": "quant.fp4_e4m3/*",
+    "fp4-e4m3-scale-bf16": "quant.fp4_e4m3/*",
     "fp8-linear-without-act-quant": "linear.fp8/*-4x256x64",
     "index-scores-without-relu": "indexer.scores/*",
     "index-scores-without-head-weights": "indexer.scores/*",
-    "index-scores-scale-on-scores": "indexer.weights/*", "topk-lowest-index-ties": "indexer.select/ties-*",
-    "candidate-leak-other-policy": "indexer.select/leak-*", "candidate-blocks-zero-padding": "candidates.select/r1-prefill-*",
-    "window-newest-first": "window.indices/*", "gate-softmax-over-channels": "compressor/r2-tiny-*",
-    "sink-left-out": "sparse_attn/*", "sink-scaled": "sparse_attn/*",
+    "index-scores-scale-on-scores": "indexer.weights/*",
+    "topk-lowest-index-ties": "indexer.select/ties-*",
+    "candidate-leak-other-policy": "indexer.select/leak-*",
+    "candidate-blocks-zero-padding": "candidates.select/r1-prefill-*",
+    "window-newest-first": "window.indices/*",
+    "gate-softmax-over-channels": "compressor/r2-tiny-*",
+    "sink-left-out": "sparse_attn/*",
+    "sink-scaled": "sparse_attn/*",
     "stale-index-keys-other-policy": "attention/a-p21-d3-d4-d1x4-gen-fixed",
-    "rmsnorm-bf16-throughout": "norm.rms/*", "rmsnorm-output-bf16": "norm.rms/fp32-*", "yarn-no-ramp": "rope.yarn_table/*",
-    "e2m1-zero-input-sign-lost": "quant.fp4_e4m3/zero-blocks-*", "fp8-no-amax-floor-at-all": "quant.fp8_ue8m0/zero-blocks-*",
+    "rmsnorm-bf16-throughout": "norm.rms/*",
+    "rmsnorm-output-bf16": "norm.rms/fp32-*",
+    "yarn-no-ramp": "rope.yarn_table/*",
+    "e2m1-zero-input-sign-lost": "quant.fp4_e4m3/zero-blocks-*",
+    "fp8-no-amax-floor-at-all": "quant.fp8_ue8m0/zero-blocks-*",
     "attention-logits-bf16": "sparse_attn/*",
 }
 STRICT = {"strict_signed_zeros": True}  # the sign of zero is accepted otherwise: nothing to diagnose
@@ -66,8 +81,11 @@ def cases(pattern: str, most: int = 2) -> list[str]:
 
 
 def diagnosed(impl, pattern: str, most: int = 2, impl_conf: dict | None = None) -> list:
-    return [r for r in (run_case(c, CONFIG, impl, "x", MANIFEST, impl_conf) for c in cases(pattern, most))
-            if r.status in ("fail", "error")]
+    return [
+        r
+        for r in (run_case(c, CONFIG, impl, "x", MANIFEST, impl_conf) for c in cases(pattern, most))
+        if r.status in ("fail", "error")
+    ]
 
 
 def named(result) -> list[str]:
@@ -112,7 +130,11 @@ INDEPENDENT = [  # wrong kernels written apart from the catalogue (tests/impls),
     (wrong_indexer.ArgpartitionTies(), "indexer/r1-chunk-*", "topk-lowest-index-ties"),
     (wrong_indexer.OtherLeakPolicy(), "indexer/leak-*", "candidate-leak-other-policy"),
     (SwappedRamp(), "rope.yarn_table/*", "yarn-betas-swapped"),
-    (wrong_fp8.BareAttentionSkipsActQuant(), "attention/a-fp8-p5-d7-d9-d1x2-gen-upstream", "fp8-linear-without-act-quant"),
+    (
+        wrong_fp8.BareAttentionSkipsActQuant(),
+        "attention/a-fp8-p5-d7-d9-d1x2-gen-upstream",
+        "fp8-linear-without-act-quant",
+    ),
 ]
 
 
@@ -127,9 +149,11 @@ def test_independently_written_wrong_kernels_get_their_diagnosis(impl, pattern, 
 
 
 def test_a_bug_outside_the_catalogue_is_named_as_none():
-    for impl, pattern in ((wrong_compressor.CastAfterNorm(), "compressor/r2-tiny-*"),
-                          (wrong_indexer.Bf16HeadSum(), "indexer.scores/*"),
-                          (wrong_indexer.UnpinnedCandidates(), "candidates.select/*")):
+    for impl, pattern in (
+        (wrong_compressor.CastAfterNorm(), "compressor/r2-tiny-*"),
+        (wrong_indexer.Bf16HeadSum(), "indexer.scores/*"),
+        (wrong_indexer.UnpinnedCandidates(), "candidates.select/*"),
+    ):
         failed = diagnosed(impl, pattern)
         assert failed
         for result in failed:
@@ -148,7 +172,9 @@ def test_the_budget_bounds_the_diagnosis_and_zero_turns_it_off():
     case_id = cases("compressor/r2-tiny-*", 1)[0]
     for budget in (1, 3):  # re-runs of the whole case; screening a schedule's first steps costs their share
         tight = run_case(case_id, replace(CONFIG, diagnosis_budget=budget), impl, "x", MANIFEST)
-        assert tight.diagnosis["spent"] <= budget and f"budget of {budget} re-run(s) spent" in tight.diagnosis["stopped"]
+        assert (
+            tight.diagnosis["spent"] <= budget and f"budget of {budget} re-run(s) spent" in tight.diagnosis["stopped"]
+        )
         assert f"diagnosis stopped: budget of {budget} re-run(s)" in tight.message
     assert tight.diagnosis["tried"] >= 2
     off = run_case(case_id, replace(CONFIG, diagnosis_budget=0), impl, "x", MANIFEST)
@@ -159,8 +185,17 @@ def test_the_diagnosis_is_in_every_report(tmp_path):
     from conftest import results, run_cli
 
     out = tmp_path / "rep"
-    proc = run_cli("run", "--impl", f"{ROOT}/tests/impls/wrong_indexer.py:ScoresWithoutRelu", "--select",
-                   "indexer.scores/*", "--report-dir", str(out), "--diagnosis-budget", "30")
+    proc = run_cli(
+        "run",
+        "--impl",
+        f"{ROOT}/tests/impls/wrong_indexer.py:ScoresWithoutRelu",
+        "--select",
+        "indexer.scores/*",
+        "--report-dir",
+        str(out),
+        "--diagnosis-budget",
+        "30",
+    )
     assert proc.returncode == 1
     doc = results(out)
     failing = [c for c in doc["cases"] if c["status"] == "fail"]
@@ -174,7 +209,7 @@ def test_the_diagnosis_is_in_every_report(tmp_path):
 def test_no_variant_leaks_out_of_its_block():
     """Each variant restores what it replaced: the reference passes its own goldens afterwards."""
     for v in VARIANTS:
-        with (v.apply() if v.params is None else contextlib.nullcontext()):
+        with v.apply() if v.params is None else contextlib.nullcontext():
             pass
     for case_id in cases("quant.*", 20) + cases("norm.rms/*", 4) + cases("rope.apply/*", 5):
         assert run_case(case_id, CONFIG, ReferenceAdapter(), "reference", MANIFEST).status == "pass", case_id

@@ -41,15 +41,19 @@ def full(result) -> list[tuple[str, ...]]:
     return [tuple(m["variants"]) for m in result.diagnosis["matches"] if len(m["outputs"]) == m["failing"]]
 
 
-@pytest.mark.parametrize("impl, pattern, name, conf", [
-    (ports.HfLogitsBf16(), "sparse_attn/multi-tile-*", "attention-logits-bf16", None),
-    (ports.NormOutputBf16(), "norm.rms/*", "rmsnorm-output-bf16", None),
-    (ports.NormAllBf16(), "norm.rms/*", "rmsnorm-bf16-throughout", None),
-    (ports.YarnWithoutRamp(), "rope.yarn_table/*", "yarn-no-ramp", None),
-    (ports.Fp8NoFloor(), "quant.fp8_ue8m0/*", "fp8-no-amax-floor-at-all", None),
-    (ports.SignTimesTableE2M1(), "quant.*", "e2m1-zero-input-sign-lost", STRICT),
-    (ports.CompressorNormBeforeWeight(), "compressor/*-rb*", "rmsnorm-bf16-before-weight", None),
-], ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    "impl, pattern, name, conf",
+    [
+        (ports.HfLogitsBf16(), "sparse_attn/multi-tile-*", "attention-logits-bf16", None),
+        (ports.NormOutputBf16(), "norm.rms/*", "rmsnorm-output-bf16", None),
+        (ports.NormAllBf16(), "norm.rms/*", "rmsnorm-bf16-throughout", None),
+        (ports.YarnWithoutRamp(), "rope.yarn_table/*", "yarn-no-ramp", None),
+        (ports.Fp8NoFloor(), "quant.fp8_ue8m0/*", "fp8-no-amax-floor-at-all", None),
+        (ports.SignTimesTableE2M1(), "quant.*", "e2m1-zero-input-sign-lost", STRICT),
+        (ports.CompressorNormBeforeWeight(), "compressor/*-rb*", "rmsnorm-bf16-before-weight", None),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
 def test_a_port_written_apart_gets_its_one_bug_and_nothing_else(impl, pattern, name, conf):
     results = failing(impl, pattern, conf=conf)
     assert results, f"{type(impl).__name__} fails none of {pattern}"
@@ -83,8 +87,13 @@ def test_variants_that_compute_the_same_on_a_case_are_named_together_as_indistin
     found = diagnose("indexer.select", {"ids": False}, {"candidate_leak": "upstream"}, rejudge, 8)
     assert [m.variants for m in found.matches] == [("candidate-leak-other-policy",)]
     assert found.matches[0].indistinguishable == ()
-    twice = diagnose("indexer.select", {"ids": False}, {"candidate_leak": "upstream"},
-                     lambda params, stop_on: Rejudged({"ids": True}, frozenset({"ids"}), "same"), 64)
+    twice = diagnose(
+        "indexer.select",
+        {"ids": False},
+        {"candidate_leak": "upstream"},
+        lambda params, stop_on: Rejudged({"ids": True}, frozenset({"ids"}), "same"),
+        64,
+    )
     assert len(twice.matches) == 1 and twice.matches[0].indistinguishable, twice
     assert "this case cannot tell it from [" in twice.lines()[0]
 
@@ -173,8 +182,11 @@ def test_a_token_by_token_emulation_of_chunked_cases_gets_no_name():
 
 def test_the_diagnoses_are_the_same_under_load():
     """The search is bounded by re-runs, not seconds: two busy loops beside it change nothing."""
-    cases = [("kv.finish/*", ports.NormAndRopeTable()), ("indexer.scores/*", ports.ScoresRaw()),
-             ("quant.*", ports.SignTimesTableE2M1())]
+    cases = [
+        ("kv.finish/*", ports.NormAndRopeTable()),
+        ("indexer.scores/*", ports.ScoresRaw()),
+        ("quant.*", ports.SignTimesTableE2M1()),
+    ]
 
     def diagnoses():
         return [(r.id, r.diagnosis) for pattern, impl in cases for r in failing(impl, pattern, most=6, conf=STRICT)]

@@ -33,7 +33,9 @@ OTHER_VERSION = "0.0.0+other"
 
 
 def _sshd_binary() -> str:
-    found = shutil.which("sshd") or next((p for p in ("/usr/sbin/sshd", "/usr/local/sbin/sshd") if os.access(p, os.X_OK)), None)
+    found = shutil.which("sshd") or next(
+        (p for p in ("/usr/sbin/sshd", "/usr/local/sbin/sshd") if os.access(p, os.X_OK)), None
+    )
     if found is None:
         pytest.fail("no sshd on this machine: `make test-distributed` installs openssh-server (apt-get) and runs this")
     return found
@@ -61,22 +63,31 @@ def loopback_ssh(tmp_path_factory):
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {root / 'host_key'}\n"
         f"AuthorizedKeysFile {root / 'authorized_keys'}\nPidFile {root / 'sshd.pid'}\n"
         "PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-        "PermitRootLogin prohibit-password\nUsePAM no\nStrictModes no\n")
-    server = subprocess.Popen([_sshd_binary(), "-D", "-e", "-f", str(root / "sshd_config")],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        "PermitRootLogin prohibit-password\nUsePAM no\nStrictModes no\n"
+    )
+    server = subprocess.Popen(
+        [_sshd_binary(), "-D", "-e", "-f", str(root / "sshd_config")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     (root / "ssh_config").write_text(
         f"Host conformance-loopback\n  HostName 127.0.0.1\n  Port {port}\n  User {getpass.getuser()}\n"
         f"  IdentityFile {root / 'client_key'}\n  IdentitiesOnly yes\n  BatchMode yes\n"
-        "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
+        "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+    )
     deadline = time.monotonic() + 60
     while True:
-        probe = subprocess.run(["ssh", "-F", str(root / "ssh_config"), "conformance-loopback", "true"],
-                               capture_output=True, text=True)
+        probe = subprocess.run(
+            ["ssh", "-F", str(root / "ssh_config"), "conformance-loopback", "true"], capture_output=True, text=True
+        )
         if probe.returncode == 0:
             break
         if server.poll() is not None or time.monotonic() > deadline:
             server.kill()
-            pytest.fail(f"the loopback sshd did not let us in: {probe.stderr[-1000:]}\n{server.communicate()[0][-2000:]}")
+            pytest.fail(
+                f"the loopback sshd did not let us in: {probe.stderr[-1000:]}\n{server.communicate()[0][-2000:]}"
+            )
         time.sleep(0.2)
     yield root / "ssh_config"
     server.terminate()
@@ -92,14 +103,46 @@ def _other_version(installed, root: Path) -> Path:
     env = root / "other-env"
     venv.EnvBuilder(with_pip=False).create(env)
     python = env / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     shutil.copy(next(Path(installed.python).parents[1].glob("lib/python*/site-packages/_dependencies.pth")), site)
-    proc = subprocess.run([str(installed.python), "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-                           "--no-index", str(installed.wheel)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            str(installed.python),
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            str(installed.wheel),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:  # the venv's own python has no pip: use this interpreter's for the target
-        proc = subprocess.run(["python3", "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-                               "--no-index", str(installed.wheel)], capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                "python3",
+                "-m",
+                "pip",
+                "--python",
+                str(python),
+                "install",
+                "-q",
+                "--no-deps",
+                "--no-index",
+                str(installed.wheel),
+            ],
+            capture_output=True,
+            text=True,
+        )
     assert proc.returncode == 0, proc.stderr[-2000:]
     init = Path(site) / "v41_conformance" / "__init__.py"
     text = init.read_text()
@@ -113,14 +156,35 @@ def test_two_ssh_gateways_judge_like_a_serial_run_and_another_version_is_refused
     (project / "mixed.py").write_text(MIXED)
     (project / "conformance.yaml").write_text(
         "impls:\n  mixed:\n    python: mixed.py:Mixed\n    expectations:\n"
-        "      - {pattern: 'quant.fp4_e8m0/*', status: fail, reason: 'doubles y, issue 1'}\n")
+        "      - {pattern: 'quant.fp4_e8m0/*', status: fail, reason: 'doubles y, issue 1'}\n"
+    )
     chdirs = [installed.folder(f"remote-{i}") for i in range(3)]
-    common = [installed.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--conformance-impl", "mixed",
-              "--conformance-select", SELECT]
+    common = [
+        installed.python,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--conformance-impl",
+        "mixed",
+        "--conformance-select",
+        SELECT,
+    ]
     serial = installed.run(*common, "--conformance-report-dir", "serial", cwd=project)
-    remote = installed.run(*common, "--conformance-report-dir", "ssh", "--dist", "load", "-v", "--tx",
-                           _gateway(loopback_ssh, installed.python, chdirs[0]), "--tx",
-                           _gateway(loopback_ssh, installed.python, chdirs[1]), cwd=project)
+    remote = installed.run(
+        *common,
+        "--conformance-report-dir",
+        "ssh",
+        "--dist",
+        "load",
+        "-v",
+        "--tx",
+        _gateway(loopback_ssh, installed.python, chdirs[0]),
+        "--tx",
+        _gateway(loopback_ssh, installed.python, chdirs[1]),
+        cwd=project,
+    )
     print(remote.stdout[-3000:])
     assert serial.returncode == remote.returncode == 1, remote.stdout[-3000:] + remote.stderr[-3000:]
     assert "[gw0] linux" in remote.stdout and "[gw1] linux" in remote.stdout, remote.stdout[-3000:]
@@ -130,9 +194,18 @@ def test_two_ssh_gateways_judge_like_a_serial_run_and_another_version_is_refused
     assert a["store"] == b["store"] and b["store"]["origin"] == "package"
     # one gateway whose package claims another version: refused, by its worker id and host
     other = _other_version(installed, installed.root)
-    mixed = installed.run(*common, "--conformance-report-dir", "mixed-versions", "--dist", "load", "--tx",
-                          _gateway(loopback_ssh, installed.python, chdirs[0]), "--tx",
-                          _gateway(loopback_ssh, other, chdirs[2]), cwd=project)
+    mixed = installed.run(
+        *common,
+        "--conformance-report-dir",
+        "mixed-versions",
+        "--dist",
+        "load",
+        "--tx",
+        _gateway(loopback_ssh, installed.python, chdirs[0]),
+        "--tx",
+        _gateway(loopback_ssh, other, chdirs[2]),
+        cwd=project,
+    )
     assert mixed.returncode == 1, mixed.stdout[-3000:] + mixed.stderr[-3000:]
     refused = [c for c in results(project / "mixed-versions")["cases"] if "refused" in (c.get("message") or "")]
     assert refused and {c["status"] for c in refused} == {"error"}

@@ -23,9 +23,16 @@ from conftest import ROOT, results, run_cli
 
 TRITON_COMPONENTS = ("quant.e2m1", "quant.fp4_e4m3", "quant.fp4_e8m0", "indexer.scores")
 CUDA_COMPONENTS = ("quant.e2m1", "quant.fp4_e4m3", "quant.fp4_e8m0")
-BOUNDARY_CASES = ("quant.e2m1/midpoints", "quant.fp4_e4m3/midpoints-2x64", "quant.fp4_e4m3/subnormal-scales-4x32",
-                  "quant.fp4_e4m3/saturating-scale-2x32", "quant.fp4_e4m3/zero-blocks-3x64",
-                  "quant.fp4_e8m0/midpoints-2x64", "quant.fp4_e8m0/pow2-edges-4x32", "quant.fp4_e8m0/zero-blocks-3x128")
+BOUNDARY_CASES = (
+    "quant.e2m1/midpoints",
+    "quant.fp4_e4m3/midpoints-2x64",
+    "quant.fp4_e4m3/subnormal-scales-4x32",
+    "quant.fp4_e4m3/saturating-scale-2x32",
+    "quant.fp4_e4m3/zero-blocks-3x64",
+    "quant.fp4_e8m0/midpoints-2x64",
+    "quant.fp4_e8m0/pow2-edges-4x32",
+    "quant.fp4_e8m0/zero-blocks-3x128",
+)
 
 
 def _load(path: Path, name: str):
@@ -48,8 +55,16 @@ def triton_impl(monkeypatch):
 def test_triton_impl_passes_its_components_under_the_interpreter(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", "examples/triton_impl.py:TritonImpl", "--report-dir", str(report),
-                   "--select", ",".join((*TRITON_COMPONENTS, "quant.fp8_ue8m0")), "--no-isolate")
+    proc = run_cli(
+        "run",
+        "--impl",
+        "examples/triton_impl.py:TritonImpl",
+        "--report-dir",
+        str(report),
+        "--select",
+        ",".join((*TRITON_COMPONENTS, "quant.fp8_ue8m0")),
+        "--no-isolate",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = results(report)
     for name in TRITON_COMPONENTS:
@@ -68,8 +83,17 @@ def test_triton_impl_without_gpu_or_interpreter_says_what_to_do(tmp_path, monkey
     report = tmp_path / "rep"
     # a process of its own: triton imported here without the interpreter would stay so for the
     # in-process kernel tests below (its standard library's jit functions are made at import)
-    proc = run_cli("run", "--impl", "examples/triton_impl.py:TritonImpl", "--report-dir", str(report),
-                   "--select", "quant.e2m1/midpoints", "--no-isolate", fresh=True)
+    proc = run_cli(
+        "run",
+        "--impl",
+        "examples/triton_impl.py:TritonImpl",
+        "--report-dir",
+        str(report),
+        "--select",
+        "quant.e2m1/midpoints",
+        "--no-isolate",
+        fresh=True,
+    )
     assert proc.returncode == 1
     case = results(report)["cases"][0]
     assert case["status"] == "error" and "TRITON_INTERPRET=1" in case["message"] and "--device cuda" in case["message"]
@@ -166,8 +190,11 @@ def _golden(case_id: str) -> dict[str, torch.Tensor]:
     return load_file(str(ROOT / "goldens" / component / f"{case}.safetensors"))
 
 
-@pytest.mark.parametrize("case_id", [c for c in BOUNDARY_CASES if not c.startswith("quant.e2m1")]
-                         + ["quant.fp4_e4m3/log-uniform-8x128", "quant.fp4_e8m0/log-uniform-8x256"])
+@pytest.mark.parametrize(
+    "case_id",
+    [c for c in BOUNDARY_CASES if not c.startswith("quant.e2m1")]
+    + ["quant.fp4_e4m3/log-uniform-8x128", "quant.fp4_e8m0/log-uniform-8x256"],
+)
 def test_cuda_host_emulation_matches_the_goldens(cuda_build, case_id):
     _, library = cuda_build
     lib = _load(ROOT / "examples" / "cuda" / "cuda_impl.py", "cuda_impl_under_test").load_library(library)
@@ -177,8 +204,12 @@ def test_cuda_host_emulation_matches_the_goldens(cuda_build, case_id):
     y = torch.empty_like(x)
     codes = torch.empty(x.shape, dtype=torch.uint8)
     scale_bytes = torch.empty(golden["out.scale_bytes"].shape, dtype=torch.uint8)
-    assert lib.conformance_fp4_host(int(e4m3), x.data_ptr(), y.data_ptr(), codes.data_ptr(), scale_bytes.data_ptr(),
-                                    x.numel()) == 0
+    assert (
+        lib.conformance_fp4_host(
+            int(e4m3), x.data_ptr(), y.data_ptr(), codes.data_ptr(), scale_bytes.data_ptr(), x.numel()
+        )
+        == 0
+    )
     assert torch.equal(y.view(torch.int16), golden["out.y"].view(torch.int16))
     assert torch.equal(codes, golden["out.codes"]) and torch.equal(scale_bytes, golden["out.scale_bytes"])
 
@@ -190,7 +221,9 @@ def test_cuda_host_e2m1_matches_the_midpoints_golden(cuda_build):
     v = golden["in.v"].contiguous()
     codes, y = torch.empty(v.shape, dtype=torch.uint8), torch.empty_like(v)
     lib.conformance_e2m1_host(v.data_ptr(), codes.data_ptr(), y.data_ptr(), v.numel())
-    assert torch.equal(codes, golden["out.codes"]) and torch.equal(y.view(torch.int32), golden["out.y"].view(torch.int32))
+    assert torch.equal(codes, golden["out.codes"]) and torch.equal(
+        y.view(torch.int32), golden["out.y"].view(torch.int32)
+    )
 
 
 def test_cuda_impl_refuses_cpu_tensors():
@@ -207,8 +240,17 @@ def test_device_cuda_without_a_gpu_is_a_usage_error(tmp_path, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     report = tmp_path / "rep"
     if torch.cuda.is_available():  # a GPU machine: the examples run natively instead
-        proc = run_cli("run", "--device", "cuda", "--impl", "examples/triton_impl.py:TritonImpl",
-                       "--select", ",".join(TRITON_COMPONENTS), "--report-dir", str(report))
+        proc = run_cli(
+            "run",
+            "--device",
+            "cuda",
+            "--impl",
+            "examples/triton_impl.py:TritonImpl",
+            "--select",
+            ",".join(TRITON_COMPONENTS),
+            "--report-dir",
+            str(report),
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return
     for impl in ("examples/cuda/cuda_impl.py:CudaImpl", "examples/triton_impl.py:TritonImpl"):

@@ -20,7 +20,7 @@ def test_weights_round_trip_through_their_tiles():
     scale = nx.e8m0_value(weight.scale_bytes).double().repeat_interleave(32, 0)[:72].repeat_interleave(32, 1)
     # half an e4m3 step of the value, or half the subnormal step 2^-9 of its tile's scale
     err = (fp8.dequantise_weight(weight).double() - w).abs()
-    assert (err <= torch.maximum(w.abs() * 2 ** -4, scale * 2 ** -10)).all()
+    assert (err <= torch.maximum(w.abs() * 2**-4, scale * 2**-10)).all()
     assert (w.abs() / scale).max() <= 448 and (w.abs() / scale).amax() > 224
 
 
@@ -32,7 +32,7 @@ def test_the_gemm_is_the_block_scaled_sum_of_the_quantised_operands():
     q = nx.fp8_qdq_ue8m0(x)
     exact = q.y.double() @ fp8.dequantise_weight(weight).double().T
     assert torch.equal(result.x_codes, q.codes) and torch.equal(result.x_scale_bytes, q.scale_bytes)
-    assert ((result.y.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-30).all()
+    assert ((result.y.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-30).all()
 
 
 def _run(tmp_path, impl, select="linear.fp8"):
@@ -43,17 +43,22 @@ def _run(tmp_path, impl, select="linear.fp8"):
 
 def test_a_narrow_tensor_core_accumulator_passes(tmp_path):
     # the sequential 14-bit sums are slow in Python: the small cases and one production shape
-    proc, doc = _run(tmp_path, f"{IMPLS}/rounding.py:NarrowAccumulatorFp8",
-                     "linear.fp8/ragged*,linear.fp8/saturating*,linear.fp8/zero*,linear.fp8/wq_a*")
+    proc, doc = _run(
+        tmp_path,
+        f"{IMPLS}/rounding.py:NarrowAccumulatorFp8",
+        "linear.fp8/ragged*,linear.fp8/saturating*,linear.fp8/zero*,linear.fp8/wq_a*",
+    )
     assert proc.returncode == 0, proc.stdout
     assert max(c["outputs"]["y"]["rel_l2"] for c in doc["cases"]) > 1e-4  # it does round differently
 
 
-@pytest.mark.parametrize("impl, broken", [
-    ("PerRowScales", ["y"]), ("Block128", ["x_codes", "x_scale_bytes"]), ("Unquantised", ["y"]),
-])
+@pytest.mark.parametrize(
+    "impl, broken", [("PerRowScales", ["y"]), ("Block128", ["x_codes", "x_scale_bytes"]), ("Unquantised", ["y"])]
+)
 def test_classic_fp8_gemm_bugs_fail_on_the_output_they_break(tmp_path, impl, broken):
-    proc, doc = _run(tmp_path, f"{IMPLS}/wrong_fp8.py:{impl}", "linear.fp8/ragged*,linear.fp8/saturating*,linear.fp8/wq_*")
+    proc, doc = _run(
+        tmp_path, f"{IMPLS}/wrong_fp8.py:{impl}", "linear.fp8/ragged*,linear.fp8/saturating*,linear.fp8/wq_*"
+    )
     assert proc.returncode == 1
     production = [c for c in doc["cases"] if "production" in c["id"]]
     assert production and all(c["status"] == "fail" for c in production)
@@ -64,7 +69,9 @@ def test_classic_fp8_gemm_bugs_fail_on_the_output_they_break(tmp_path, impl, bro
 
 
 def test_attention_with_fp8_weights_fails_where_act_quant_is_skipped(tmp_path):
-    proc, doc = _run(tmp_path, f"{IMPLS}/wrong_fp8.py:AttentionSkipsActQuant", "attention/a-fp8-*,attention/a-p21-d1x11-*")
+    proc, doc = _run(
+        tmp_path, f"{IMPLS}/wrong_fp8.py:AttentionSkipsActQuant", "attention/a-fp8-*,attention/a-p21-d1x11-*"
+    )
     assert proc.returncode == 1
     for case in doc["cases"]:
         fp8_case = "-fp8-" in case["id"]

@@ -16,8 +16,12 @@ WRONG = f"{ROOT}/tests/impls/wrong_shapes.py"
 
 # (implementation, component, cases to sample, what the shrunk case must show)
 BUGS = [
-    ("DropsLanesPastFourTiles", "sparse_attn", 40,
-     lambda b, p: b["k"] > 256 and b["shape"][0] * b["shape"][1] * b["shape"][2] == 1),
+    (
+        "DropsLanesPastFourTiles",
+        "sparse_attn",
+        40,
+        lambda b, p: b["k"] > 256 and b["shape"][0] * b["shape"][1] * b["shape"][2] == 1,
+    ),
     ("WindowPositions16Bit", "window.indices", 60, lambda b, p: p["start"] >= 1 << 16),
     ("CompressorBatchOf3", "compressor", 40, lambda b, p: b["batch"] == 3),
 ]
@@ -27,13 +31,38 @@ BUGS = [
 def test_a_shape_bug_is_found_shrunk_promoted_and_then_fails_run(tmp_path, impl, component, cases, shrunk_ok):
     project = make_project(tmp_path, [component], promoted=False)  # as before the fuzz found anything
     config = str(project / "conformance.yaml")
-    frozen = run_cli("run", "--impl", f"{WRONG}:{impl}", "--select", component, "--config", config,
-                     "--report-dir", str(tmp_path / "frozen"))
+    frozen = run_cli(
+        "run",
+        "--impl",
+        f"{WRONG}:{impl}",
+        "--select",
+        component,
+        "--config",
+        config,
+        "--report-dir",
+        str(tmp_path / "frozen"),
+    )
     assert frozen.returncode == 0, frozen.stdout  # every frozen golden misses the bug
 
     report = tmp_path / "fuzz"
-    proc = run_cli("fuzz", "--impl", f"{WRONG}:{impl}", "--select", component, "--cases", str(cases), "--seed", "1",
-                   "--config", config, "--report-dir", str(report), "--promote", "--shrink-seconds", "60")
+    proc = run_cli(
+        "fuzz",
+        "--impl",
+        f"{WRONG}:{impl}",
+        "--select",
+        component,
+        "--cases",
+        str(cases),
+        "--seed",
+        "1",
+        "--config",
+        config,
+        "--report-dir",
+        str(report),
+        "--promote",
+        "--shrink-seconds",
+        "60",
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     fuzz = results(report)["fuzz"]
     assert fuzz["components"][component]["failed"] >= 1
@@ -50,24 +79,51 @@ def test_a_shape_bug_is_found_shrunk_promoted_and_then_fails_run(tmp_path, impl,
     case_id = promoted.split(", ")[0]
     manifest = json.loads((project / "goldens" / "MANIFEST.json").read_text())
     assert case_id in manifest["cases"]
-    again = run_cli("run", "--impl", f"{WRONG}:{impl}", "--select", case_id, "--config", config,
-                    "--report-dir", str(tmp_path / "again"))
+    again = run_cli(
+        "run",
+        "--impl",
+        f"{WRONG}:{impl}",
+        "--select",
+        case_id,
+        "--config",
+        config,
+        "--report-dir",
+        str(tmp_path / "again"),
+    )
     assert again.returncode == 1 and results(tmp_path / "again")["cases"][0]["status"] != "pass", again.stdout
-    good = run_cli("run", "--impl", "reference", "--select", case_id, "--config", config,
-                   "--report-dir", str(tmp_path / "good"))
+    good = run_cli(
+        "run", "--impl", "reference", "--select", case_id, "--config", config, "--report-dir", str(tmp_path / "good")
+    )
     assert good.returncode == 0, good.stdout
 
     # the printed command re-creates the original failing case
     index = failure["command"].split("--index ")[1].split()[0]
-    replay = run_cli("fuzz", "--impl", f"{WRONG}:{impl}", "--select", component, "--seed", "1", "--index", index,
-                     "--config", config, "--report-dir", str(tmp_path / "replay"), "--shrink-seconds", "0")
+    replay = run_cli(
+        "fuzz",
+        "--impl",
+        f"{WRONG}:{impl}",
+        "--select",
+        component,
+        "--seed",
+        "1",
+        "--index",
+        index,
+        "--config",
+        config,
+        "--report-dir",
+        str(tmp_path / "replay"),
+        "--shrink-seconds",
+        "0",
+    )
     replayed = results(tmp_path / "replay")["cases"]
     assert replay.returncode == 1 and [c["id"] for c in replayed] == [failure["id"]]
 
 
 def test_the_reference_passes_fresh_cases_of_every_component(tmp_path):
     report = tmp_path / "fuzz"
-    proc = run_cli("fuzz", "--impl", "reference", "--cases", "45", "--seed", "3", "-n", "2", "--report-dir", str(report))
+    proc = run_cli(
+        "fuzz", "--impl", "reference", "--cases", "45", "--seed", "3", "-n", "2", "--report-dir", str(report)
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     doc = results(report)
     from v41_conformance.known import components
@@ -102,9 +158,17 @@ def test_fuzz_usage_errors_name_the_problem(tmp_path):
 # product summed in another order landing on the other side of an intermediate bf16 rounding
 # (indexer.scores, indexer.weights, kv.finish), a decode step's few flips as a share of its rows
 # (compressor), an inv_freq a dozen ulps off carried into the table (rope.yarn_table).
-ROUNDING_REGRESSIONS = [("indexer.scores", 5, 142), ("indexer.scores", 5, 967), ("indexer.scores", 7, 2341),
-                        ("indexer.weights", 7, 1741), ("kv.finish", 5, 131), ("kv.finish", 7, 2474),
-                        ("kv.finish", 7, 3728), ("compressor", 8, 2368), ("rope.yarn_table", 8, 277)]
+ROUNDING_REGRESSIONS = [
+    ("indexer.scores", 5, 142),
+    ("indexer.scores", 5, 967),
+    ("indexer.scores", 7, 2341),
+    ("indexer.weights", 7, 1741),
+    ("kv.finish", 5, 131),
+    ("kv.finish", 7, 2474),
+    ("kv.finish", 7, 3728),
+    ("compressor", 8, 2368),
+    ("rope.yarn_table", 8, 277),
+]
 
 
 def _gate_verdicts(cases):
@@ -176,8 +240,16 @@ def _forms_on_fresh_cases(component: str, seed: int, draws: int) -> list[tuple[s
 # attention core and GEMM order on fresh cases of the components they change most.
 # (component, seed, draws); attention's seed 71 draws a prefill of 40 and a decode step at a fifth of the
 # cost of seed 35's draw (16 forms run it).
-FORM_SMOKE = [("sparse_attn", 35, 4), ("attention", 71, 1), ("indexer", 35, 2), ("indexer.scores", 35, 3),
-              ("linear.fp8", 35, 2), ("compressor", 35, 2), ("kv.finish", 35, 2), ("norm.rms", 35, 2)]
+FORM_SMOKE = [
+    ("sparse_attn", 35, 4),
+    ("attention", 71, 1),
+    ("indexer", 35, 2),
+    ("indexer.scores", 35, 3),
+    ("linear.fp8", 35, 2),
+    ("compressor", 35, 2),
+    ("kv.finish", 35, 2),
+    ("norm.rms", 35, 2),
+]
 
 
 @pytest.mark.parametrize("component, seed, draws", FORM_SMOKE, ids=[c for c, _, _ in FORM_SMOKE])
@@ -216,8 +288,10 @@ def test_accepted_intermediate_flips_are_counted():
     result = CaseResult(golden.meta["case_id"], "indexer.scores", "error")
     judge_golden(get("indexer.scores"), golden, TwoUlp(), config, {}, result)
     assert result.status == "pass", result.message
-    assert "differ only at rounding boundaries (accepted by policy)" in result.message or \
-        "bf16-rounded term rounding the other way" in result.message, result.message
+    assert (
+        "differ only at rounding boundaries (accepted by policy)" in result.message
+        or "bf16-rounded term rounding the other way" in result.message
+    ), result.message
     assert result.outputs["scores"]["boundary_flips"] == 1
 
 

@@ -36,8 +36,10 @@ def gate_run(tmp_path, impl: str, *extra: str) -> tuple[int, dict, str]:
 
 
 # The components a gate's arithmetic reaches (it is the reference elsewhere: judged by the others).
-REACHES = {"plain-softmax": ("--select", "sparse_attn,attention"),
-           **{name: ("--select", "indexer,indexer.scores") for name in ("exact-head-dots", "exact-head-products")}}
+REACHES = {
+    "plain-softmax": ("--select", "sparse_attn,attention"),
+    **{name: ("--select", "indexer,indexer.scores") for name in ("exact-head-dots", "exact-head-products")},
+}
 
 
 @pytest.mark.parametrize("gate", sorted(GATES))
@@ -59,8 +61,12 @@ def test_gate_passes_every_case_it_supports(tmp_path, gate):
         if case["component"] == "compressor":
             assert case["params"].get("ratio", 2) == 2, case["id"]
     supported = [c for c in doc["cases"] if c["component"] in ("attention", "compressor") and c["status"] == "pass"]
-    assert {c["id"] for c in supported} >= {"attention/a-p21-d1x11-upstream", "attention/a-p21-d1x11-fixed",
-                                             "compressor/r2-a-p21-d1x11", "compressor/r1-tiny-chunks-2-5"}
+    assert {c["id"] for c in supported} >= {
+        "attention/a-p21-d1x11-upstream",
+        "attention/a-p21-d1x11-fixed",
+        "compressor/r2-a-p21-d1x11",
+        "compressor/r1-tiny-chunks-2-5",
+    }
 
 
 def test_accepted_differences_are_counted_and_shown_with_an_example(tmp_path):
@@ -68,8 +74,9 @@ def test_accepted_differences_are_counted_and_shown_with_an_example(tmp_path):
     window rows (a normed value next to a bf16 midpoint, then next to an e4m3 midpoint after RoPE):
     accepted, counted per output, per case and per component, and shown in every report. (With its
     own kv returned, the rows are the exact fp8 QDQ of that kv: no flip to accept.)"""
-    code, doc, out = gate_run(tmp_path, f"{IMPLS}/gate_float64.py:BareFloat64", "--select",
-                              "attention/a-p21-d1x11-upstream")
+    code, doc, out = gate_run(
+        tmp_path, f"{IMPLS}/gate_float64.py:BareFloat64", "--select", "attention/a-p21-d1x11-upstream"
+    )
     assert code == 0, out
     case = doc["cases"][0]
     assert case["status"] == "pass" and case["boundary_flips"] == 1
@@ -106,12 +113,18 @@ def test_near_ties_fail_by_default_and_pass_when_the_implementation_opts_in(tmp_
     assert ids["rows_near_tie"] > 0 and ids["rows_miss"] == 0 and bad[0]["outputs"]["scores"]["ok"]
     assert "near tie, 0 miss" in bad[0]["message"] and "first near-tie row:" in bad[0]["message"]
 
-    config = (ROOT / "conformance.yaml").read_text().replace(
-        "impls:\n", f"impls:\n  near:\n    python: {impl}\n    accept_near_ties: true\n", 1)
-    (tmp_path / "conformance.yaml").write_text(config.replace("goldens: goldens", f"goldens: {ROOT}/goldens")
-                                               .replace("cases: cases", f"cases: {ROOT}/cases"))
+    config = (
+        (ROOT / "conformance.yaml")
+        .read_text()
+        .replace("impls:\n", f"impls:\n  near:\n    python: {impl}\n    accept_near_ties: true\n", 1)
+    )
+    (tmp_path / "conformance.yaml").write_text(
+        config.replace("goldens: goldens", f"goldens: {ROOT}/goldens").replace("cases: cases", f"cases: {ROOT}/cases")
+    )
     code, doc, out = gate_run(tmp_path, "near", "--config", str(tmp_path / "conformance.yaml"), "--select", "indexer/*")
     assert code == 0, out
     assert doc["components"]["indexer"]["near_tie_rows"] == ids["rows_near_tie"]
-    assert "row(s) differ only among near-tied ids (accepted by policy)" in \
-        next(c for c in doc["cases"] if c["id"] == "indexer/r1-chunk-start96-s32-top32")["message"]
+    assert (
+        "row(s) differ only among near-tied ids (accepted by policy)"
+        in next(c for c in doc["cases"] if c["id"] == "indexer/r1-chunk-start96-s32-top32")["message"]
+    )

@@ -56,8 +56,16 @@ def test_corrupt_missing_and_unlisted_goldens_are_errors_and_the_run_goes_on(tmp
     for case_id, (how, _) in broken.items():
         _corrupt(project, case_id, how)
     report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", "reference", "--report-dir", str(report), "--config", str(project / "conformance.yaml"),
-                   "--no-isolate")
+    proc = run_cli(
+        "run",
+        "--impl",
+        "reference",
+        "--report-dir",
+        str(report),
+        "--config",
+        str(project / "conformance.yaml"),
+        "--no-isolate",
+    )
     assert proc.returncode == 1
     doc = results(report)
     got = statuses(doc)
@@ -85,7 +93,10 @@ def test_generation_refuses_a_tolerance_that_accepts_trivial_answers(tmp_path):
     project = make_project(tmp_path, ["norm.rms"])
     config = project / "conformance.yaml"
     doc = yaml.safe_load(config.read_text())
-    doc["tolerances"]["components"] = {**(doc["tolerances"].get("components") or {}), "norm.rms": {"ulps": 4096, "rel_l2": 2.0}}
+    doc["tolerances"]["components"] = {
+        **(doc["tolerances"].get("components") or {}),
+        "norm.rms": {"ulps": 4096, "rel_l2": 2.0},
+    }
     config.write_text(yaml.safe_dump(doc))
     proc = run_cli("generate", "--config", str(config))
     assert proc.returncode == 1
@@ -111,8 +122,10 @@ def test_goldens_do_not_depend_on_the_cpu_instruction_set(monkeypatch):
     from v41_conformance.golden import read_manifest
 
     others = [c for c in read_manifest(ROOT / "goldens") if not c.startswith("attention/")]
-    select = sorted({c.split("/")[0] + "/*" for c in others}) + ["attention/a-p21-d1x11-upstream",
-                                                                 "attention/a-fp8-p21-d1x11-upstream"]
+    select = sorted({c.split("/")[0] + "/*" for c in others}) + [
+        "attention/a-p21-d1x11-upstream",
+        "attention/a-fp8-p21-d1x11-upstream",
+    ]
     proc = run_cli("generate", "--check", "--select", ",".join(select), fresh=True)
     assert proc.returncode == 0 and "0 drifted" in proc.stdout, proc.stdout[-2000:]
     assert f"checked {len(others) + 2} golden(s)" in proc.stdout, proc.stdout[-2000:]
@@ -151,8 +164,17 @@ def test_golden_metadata_is_read_from_its_key_wherever_it_stands():
     from v41_conformance.errors import GoldenError
     from v41_conformance.golden import SCHEMA_VERSION, _read_metadata
 
-    meta = {"schema": SCHEMA_VERSION, "case_id": "x/y", "component": "x", "params": {}, "seed": 1,
-            "generator": "g", "torch": "t", "policies": {}, "tensors": {}}
+    meta = {
+        "schema": SCHEMA_VERSION,
+        "case_id": "x/y",
+        "component": "x",
+        "params": {},
+        "seed": 1,
+        "generator": "g",
+        "torch": "t",
+        "policies": {},
+        "tensors": {},
+    }
 
     def file_of(header: str) -> bytes:
         raw = header.encode()
@@ -160,9 +182,11 @@ def test_golden_metadata_is_read_from_its_key_wherever_it_stands():
 
     conformance = json.dumps({"conformance": json.dumps(meta)})
     tensor = '"out.\\"__metadata__\\":{}":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}'
-    for header in ("{" + f'"__metadata__":{conformance},{tensor}' + "}",
-                   "{" + f'{tensor}, "__metadata__" :{conformance}' + "}",
-                   "{" + f'{tensor},"__metadata__":{conformance}' + "}"):
+    for header in (
+        "{" + f'"__metadata__":{conformance},{tensor}' + "}",
+        "{" + f'{tensor}, "__metadata__" :{conformance}' + "}",
+        "{" + f'{tensor},"__metadata__":{conformance}' + "}",
+    ):
         assert json.loads(header)["__metadata__"]["conformance"]  # a valid header
         assert _read_metadata(file_of(header), "g.safetensors")["case_id"] == "x/y", header
     with pytest.raises(GoldenError, match="g.safetensors: metadata missing"):

@@ -275,8 +275,17 @@ def test_flash_mla_and_split_kv_round_p_to_bf16_as_the_kernels_do():
 
 
 def test_registry_lists_gates_and_mutants_with_their_stages():
-    assert set(ga.GATES) == {"Fp8Tc14", "Fp8Tc14Aligned", "SplitKBf16", "Fp32IndexLogits", "FlashMlaSparse",
-                             "SplitKvDecode", "FastMath", "WarpTree", "AllGpu"}
+    assert set(ga.GATES) == {
+        "Fp8Tc14",
+        "Fp8Tc14Aligned",
+        "SplitKBf16",
+        "Fp32IndexLogits",
+        "FlashMlaSparse",
+        "SplitKvDecode",
+        "FastMath",
+        "WarpTree",
+        "AllGpu",
+    }
     stages = {"qr", "kv", "index_q", "index_scores", "index_k_rows", "o", "z", "out"}
     for name, spec in ga.MUTANTS.items():
         assert issubclass(spec.cls, ga.GpuGate) and spec.stage in stages and spec.outputs, name

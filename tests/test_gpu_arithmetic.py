@@ -100,7 +100,7 @@ class ScaledFp8Linear(ReferenceAdapter):
 
     def run(self, component, inputs, params):
         out = super().run(component, inputs, params)
-        out["y"] = (out["y"].float() * (1 + 2.0 ** -7)).to(torch.bfloat16)
+        out["y"] = (out["y"].float() * (1 + 2.0**-7)).to(torch.bfloat16)
         return out
 
 

@@ -86,8 +86,9 @@ def test_nan_scores_tie_with_each_other_and_signed_zeros_are_equal() -> None:
     scores = torch.tensor([[NAN, 1.0, NAN, NAN, 0.0, -0.0]])
     v = classify_index_rows(torch.tensor([[0, 2]]), torch.tensor([[3, 0]]), scores, order="set")
     assert v.tie == 1 and math.isnan(v.first_tie.kth_score) and v.first_tie.tied_total == 3
-    v = classify_index_rows(torch.tensor([[4, 5, 1, 0]]), torch.tensor([[4, 5, 1, 2]]), scores,
-                            largest=False)  # smallest: NaN is worst, so it is the k-th here
+    v = classify_index_rows(
+        torch.tensor([[4, 5, 1, 0]]), torch.tensor([[4, 5, 1, 2]]), scores, largest=False
+    )  # smallest: NaN is worst, so it is the k-th here
     assert v.tie == 1 and math.isnan(v.first_tie.kth_score)
     # equal multisets are not enough: the differing ids must tie with the k-th score (1.0 here)
     v = classify_index_rows(torch.tensor([[1, 4]]), torch.tensor([[1, 5]]), scores, largest=False)
@@ -152,10 +153,18 @@ def test_empty_and_one_dim_inputs() -> None:
     assert (v.rows, v.exact, v.lead_shape) == (1, 1, ())
     v = classify_index_rows(torch.full((2,), -1), torch.tensor([-1, 0]), torch.zeros(0))
     assert v.miss == 1
-    assert v.violations == {"out_of_range": 1, "duplicate": 0, "missing_id": 0, "unexpected_id": 1, "leaked": 0, "dropped": 0}
+    assert v.violations == {
+        "out_of_range": 1,
+        "duplicate": 0,
+        "missing_id": 0,
+        "unexpected_id": 1,
+        "leaked": 0,
+        "dropped": 0,
+    }
     assert v.first_miss.row == () and v.first_miss.kth_score is None
-    v = classify_index_rows(torch.zeros(3, 0, 2, dtype=torch.long), torch.zeros(3, 0, 2, dtype=torch.long),
-                            torch.zeros(3, 0, 5))
+    v = classify_index_rows(
+        torch.zeros(3, 0, 2, dtype=torch.long), torch.zeros(3, 0, 2, dtype=torch.long), torch.zeros(3, 0, 5)
+    )
     assert v.rows == v.exact == 0
 
 
@@ -172,8 +181,7 @@ def test_bad_inputs_raise() -> None:
     with pytest.raises(TypeError, match="integer"):
         classify_index_rows(torch.zeros(2, 2), torch.zeros(2, 2), s)
     with pytest.raises(ValueError, match="order"):
-        classify_index_rows(torch.zeros(2, 2, dtype=torch.long), torch.zeros(2, 2, dtype=torch.long), s,
-                            order="bag")  # type: ignore[arg-type]
+        classify_index_rows(torch.zeros(2, 2, dtype=torch.long), torch.zeros(2, 2, dtype=torch.long), s, order="bag")  # type: ignore[arg-type]
 
 
 def test_leak_policy_rows_are_misses_and_an_order_among_masked_rows_stays_tie_order() -> None:
@@ -191,6 +199,17 @@ def test_leak_policy_rows_are_misses_and_an_order_among_masked_rows_stays_tie_or
     assert judge(torch.tensor([[[0, -1], [0, 1]]]), None).tie == 1  # without the policy: a -1 lane ties at -inf
     other = judge(torch.tensor([[[0, 2], [0, 1]]]), "upstream")  # another masked row: tie order
     assert (other.tie, other.miss) == (1, 0)
-    leaked = classify_index_rows(torch.tensor([[[0, -1], [0, 1]]]), torch.tensor([[[0, 1], [0, 1]]]), scores,
-                                 order="set", id_limit=limit, fill_is_worst=True, leak="drop")
-    assert (leaked.miss, leaked.violations["leaked"], leaked.leak_policy) == (1, 1, "1 row(s) leak where the case drops")
+    leaked = classify_index_rows(
+        torch.tensor([[[0, -1], [0, 1]]]),
+        torch.tensor([[[0, 1], [0, 1]]]),
+        scores,
+        order="set",
+        id_limit=limit,
+        fill_is_worst=True,
+        leak="drop",
+    )
+    assert (leaked.miss, leaked.violations["leaked"], leaked.leak_policy) == (
+        1,
+        1,
+        "1 row(s) leak where the case drops",
+    )

@@ -10,8 +10,19 @@ NUMERIC = "quant.*,linear.f32,norm.rms,rope.apply,rope.yarn_table"
 
 def test_crash_hang_exit_raise_nan_and_unsupported_in_one_parallel_run(tmp_path):
     report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", f"{ROOT}/tests/impls/wrong.py:Chaos", "--select", NUMERIC, "-n", "2",
-                   "--timeout", "6", "--report-dir", str(report))
+    proc = run_cli(
+        "run",
+        "--impl",
+        f"{ROOT}/tests/impls/wrong.py:Chaos",
+        "--select",
+        NUMERIC,
+        "-n",
+        "2",
+        "--timeout",
+        "6",
+        "--report-dir",
+        str(report),
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     doc = results(report)
     got = statuses(doc)
@@ -22,8 +33,13 @@ def test_crash_hang_exit_raise_nan_and_unsupported_in_one_parallel_run(tmp_path)
     assert got["rope.apply/production-b1-s4-h2-d512"] == "fail"
     assert {got[c] for c in got if c.startswith("quant.fp4_e4m3/")} == {"unsupported"}
     # everything else kept its verdict
-    for case_id in ("norm.rms/latent-6x128", "norm.rms/fp32-input-4x64", "linear.f32/compressor-tiny-7x128x128",
-                    "quant.e2m1/midpoints", "rope.yarn_table/tiny-a-d32"):
+    for case_id in (
+        "norm.rms/latent-6x128",
+        "norm.rms/fp32-input-4x64",
+        "linear.f32/compressor-tiny-7x128x128",
+        "quant.e2m1/midpoints",
+        "rope.yarn_table/tiny-a-d32",
+    ):
         assert got[case_id] == "pass", case_id
     messages = {c["id"]: c["message"] for c in doc["cases"]}
     assert "SIGSEGV" in messages["norm.rms/latent-4x512"]
@@ -38,17 +54,30 @@ def test_crash_hang_exit_raise_nan_and_unsupported_in_one_parallel_run(tmp_path)
 def test_expectations_turn_known_failures_into_xfail_and_report_xpass_and_stale_entries(tmp_path):
     project = make_project(tmp_path, ["norm.rms", "quant.e2m1", "quant.fp8_ue8m0"])
     config = project / "conformance.yaml"
-    config.write_text(config.read_text() + f"""  buggy:
+    config.write_text(
+        config.read_text()
+        + f"""  buggy:
     python: {ROOT}/tests/impls/wrong.py:ManyBugs
     expectations:
       - {{pattern: "norm.rms/*", status: error, reason: "raises on purpose, tracked in #1"}}
       - {{pattern: "quant.fp8_ue8m0/*", status: error, reason: "drops scale_bytes"}}
       - {{pattern: "quant.e2m1/midpoints", status: fail, reason: "thought broken"}}
       - {{pattern: "attention/*", status: fail, reason: "matches nothing here"}}
-""")
+"""
+    )
     report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", "buggy", "--config", str(config), "--report-dir", str(report),
-                   "--select", "norm.rms,quant.e2m1,quant.fp8_ue8m0", "--no-isolate")
+    proc = run_cli(
+        "run",
+        "--impl",
+        "buggy",
+        "--config",
+        str(config),
+        "--report-dir",
+        str(report),
+        "--select",
+        "norm.rms,quant.e2m1,quant.fp8_ue8m0",
+        "--no-isolate",
+    )
     doc = results(report)
     got = statuses(doc)
     assert {got[c] for c in got if c.startswith("norm.rms/")} == {"xfail"}
@@ -64,8 +93,18 @@ def test_shards_partition_the_cases(tmp_path):
     seen = []
     for index in (1, 2, 3):
         report = tmp_path / f"s{index}"
-        proc = run_cli("run", "--impl", "reference", "--select", "quant.*", "--shard", f"{index}/3",
-                       "--report-dir", str(report), "--no-isolate")
+        proc = run_cli(
+            "run",
+            "--impl",
+            "reference",
+            "--select",
+            "quant.*",
+            "--shard",
+            f"{index}/3",
+            "--report-dir",
+            str(report),
+            "--no-isolate",
+        )
         assert proc.returncode in (0, 1), proc.stderr
         seen.append({c["id"] for c in results(report)["cases"]})
     everything = run_cli("list", "--select", "quant.*").stdout.split()
@@ -77,8 +116,15 @@ def test_shards_partition_the_cases(tmp_path):
 
 def test_a_sticky_cuda_error_is_charged_to_its_case_and_the_worker_is_replaced(tmp_path):
     report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", f"{ROOT}/tests/impls/wrong.py:StickyCudaError", "--select", "norm.rms",
-                   "--report-dir", str(report))
+    proc = run_cli(
+        "run",
+        "--impl",
+        f"{ROOT}/tests/impls/wrong.py:StickyCudaError",
+        "--select",
+        "norm.rms",
+        "--report-dir",
+        str(report),
+    )
     assert proc.returncode == 1
     doc = results(report)
     got = statuses(doc)

@@ -53,13 +53,16 @@ def test_file_path_form(impl_module):
     assert impl.supports("quant.e2m1")
 
 
-@pytest.mark.parametrize("target, message", [
-    ("my_port:missing", "has no attribute 'missing'"),
-    ("my_port:not_an_impl", "lacks supports, run()"),
-    ("no_such_module_xyz:Impl", "cannot import no_such_module_xyz"),
-    ("nowhere/file.py:Impl", "file nowhere/file.py not found"),
-    ("plainname", "unknown --impl 'plainname'"),
-])
+@pytest.mark.parametrize(
+    "target, message",
+    [
+        ("my_port:missing", "has no attribute 'missing'"),
+        ("my_port:not_an_impl", "lacks supports, run()"),
+        ("no_such_module_xyz:Impl", "cannot import no_such_module_xyz"),
+        ("nowhere/file.py:Impl", "file nowhere/file.py not found"),
+        ("plainname", "unknown --impl 'plainname'"),
+    ],
+)
 def test_bad_targets_are_usage_errors_that_say_what_to_do(impl_module, target, message):
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
         instantiate(resolve(target))
@@ -86,11 +89,27 @@ def test_config_names_unknown_components_and_fields(tmp_path):
 
 
 def _doc(message: str) -> dict:
-    case = {"id": "norm.rms/x", "component": "norm.rms", "status": "error", "message": message, "outputs": {},
-            "repro": "conformance run --impl <x> --select 'norm.rms/x'", "params": {"eps": 1e-20}}
-    return {"impl": "<b>evil</b>", "impl_kind": "python", "device": "cpu", "exit_code": 1, "duration_s": 0.1,
-            "versions": {"torch": "2.13.0", "harness": "0.1.0"}, "problems": ["<i>p</i>"], "stale_expectations": [],
-            "components": {"norm.rms": {"cases": 1, "verdict": "fail", "error": 1, "tie_rows": 0}}, "cases": [case]}
+    case = {
+        "id": "norm.rms/x",
+        "component": "norm.rms",
+        "status": "error",
+        "message": message,
+        "outputs": {},
+        "repro": "conformance run --impl <x> --select 'norm.rms/x'",
+        "params": {"eps": 1e-20},
+    }
+    return {
+        "impl": "<b>evil</b>",
+        "impl_kind": "python",
+        "device": "cpu",
+        "exit_code": 1,
+        "duration_s": 0.1,
+        "versions": {"torch": "2.13.0", "harness": "0.1.0"},
+        "problems": ["<i>p</i>"],
+        "stale_expectations": [],
+        "components": {"norm.rms": {"cases": 1, "verdict": "fail", "error": 1, "tie_rows": 0}},
+        "cases": [case],
+    }
 
 
 def test_every_renderer_escapes_text_from_implementations():

@@ -79,8 +79,15 @@ class LogitsScaled(ReferenceAdapter):
     flat element-wise and rel L2 bounds on most cases; the check finds it on nearly every case."""
 
     def run(self, component, inputs, params):
-        return {"o": sparse_attn(inputs["q"], inputs["kv"], inputs["attn_sink"], inputs["topk_idxs"],
-                                 float(params["softmax_scale"]) * (1 + 2.0 ** -9))}
+        return {
+            "o": sparse_attn(
+                inputs["q"],
+                inputs["kv"],
+                inputs["attn_sink"],
+                inputs["topk_idxs"],
+                float(params["softmax_scale"]) * (1 + 2.0**-9),
+            )
+        }
 
 
 def test_a_small_scale_error_the_flat_allowance_passes_fails_on_the_check():

@@ -42,8 +42,9 @@ class NoNorm(ReferenceAdapter):
 
 
 def _run(tmp_path, impl: str, select: str, *extra: str, report: str = "rep"):
-    return run_cli("run", "--impl", impl, "--select", select, "--report-dir", str(tmp_path / report), "--no-isolate",
-                   *extra)
+    return run_cli(
+        "run", "--impl", impl, "--select", select, "--report-dir", str(tmp_path / report), "--no-isolate", *extra
+    )
 
 
 def test_the_console_leads_each_failing_case_with_its_evidence_then_the_diagnosis(tmp_path):
@@ -52,7 +53,7 @@ def test_the_console_leads_each_failing_case_with_its_evidence_then_the_diagnosi
     proc = _run(tmp_path, f"{WRONG}:TiesAwayE2M1", "quant.e2m1/midpoints", "--diagnosis-budget", "30")
     out = proc.stdout.splitlines()
     at = next(i for i, line in enumerate(out) if "FAIL quant.e2m1/midpoints" in line)
-    block = out[at:at + 16]
+    block = out[at : at + 16]
     row = next(i for i, line in enumerate(block) if re.search(r"\[\d+\] \| -?[\d.]+ \| -?[\d.]+", line))
     assert any("index | actual | expected" in line for line in block[:row])
     diagnosis = next(i for i, line in enumerate(block) if line.strip().startswith("diagnosis"))
@@ -70,17 +71,25 @@ def test_a_summary_shows_one_case_of_every_kind_before_repeats(tmp_path):
     doc = results(tmp_path / "rep")
     bad = [c for c in doc["cases"] if c["status"] in ("fail", "error")]
     kinds = {kind_of(c) for c in bad}
-    assert kinds == {"exception", "missing-output error", "unexpected-output error", "shape error", "dtype error",
-                     "failure at y"}
+    assert kinds == {
+        "exception",
+        "missing-output error",
+        "unexpected-output error",
+        "shape error",
+        "dtype error",
+        "failure at y",
+    }
     for kind in kinds:
         first = next(c for c in bad if kind_of(c) == kind)
         assert f"{first['status'].upper()} {first['id']}" in proc.stdout, kind
     assert "5 exceptions" in proc.stdout and "3 shape errors" in proc.stdout and "5 dtype errors" in proc.stdout
     assert "5 exceptions" in (tmp_path / "rep" / "summary.md").read_text()
     ordered, counts = kinds_first(bad)
-    assert len({kind_of(c) for c in ordered[:len(counts)]}) == len(counts)
-    assert kinds_line({"dtype error": 5, "timeout": 1, "crash": 2, "failure at out": 2}) == \
-        "5 dtype errors, 1 timeout, 2 crashes, 2 failures at out"
+    assert len({kind_of(c) for c in ordered[: len(counts)]}) == len(counts)
+    assert (
+        kinds_line({"dtype error": 5, "timeout": 1, "crash": 2, "failure at out": 2})
+        == "5 dtype errors, 1 timeout, 2 crashes, 2 failures at out"
+    )
 
 
 def test_the_re_run_command_never_overwrites_the_report_it_came_from(tmp_path):
@@ -92,14 +101,16 @@ def test_the_re_run_command_never_overwrites_the_report_it_came_from(tmp_path):
     assert again.returncode == 1
     assert results(tmp_path / "rep") == doc  # the run's report as it was
     assert [c["id"] for c in results(tmp_path / "rep-rerun")["cases"]] == [case["id"]]
-    default = run_cli("run", "--impl", f"{WRONG}:TiesAwayE2M1", "--select", "quant.e2m1/midpoints", "--no-isolate",
-                      cwd=tmp_path)
+    default = run_cli(
+        "run", "--impl", f"{WRONG}:TiesAwayE2M1", "--select", "quant.e2m1/midpoints", "--no-isolate", cwd=tmp_path
+    )
     assert "--report-dir reports/latest-rerun" in default.stdout
 
 
 def test_output_log_keeps_what_the_readme_says_and_the_whole_of_a_long_case_beside_it(tmp_path):
-    proc = run_cli("run", "--impl", f"{__file__}:Chatty", "--select", "quant.e2m1/*", "--report-dir",
-                   str(tmp_path / "rep"))
+    proc = run_cli(
+        "run", "--impl", f"{__file__}:Chatty", "--select", "quant.e2m1/*", "--report-dir", str(tmp_path / "rep")
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     log = (tmp_path / "rep" / "output.log").read_text()
     whole = tmp_path / "rep" / "output" / "quant.e2m1__midpoints.log"
@@ -110,11 +121,34 @@ def test_output_log_keeps_what_the_readme_says_and_the_whole_of_a_long_case_besi
 
 
 def test_the_plugin_keeps_what_was_printed_as_the_cli_does(tmp_path):
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           "--conformance-impl", "test_messages:Chatty", "--conformance-select", "quant.e2m1/midpoints",
-                           "--conformance-report-dir", "rep", "--conformance-no-isolate"],  # isolated: the CLI's tests
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "--conformance-impl",
+            "test_messages:Chatty",
+            "--conformance-select",
+            "quant.e2m1/midpoints",
+            "--conformance-report-dir",
+            "rep",
+            "--conformance-no-isolate",
+        ],  # isolated: the CLI's tests
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     case = results(tmp_path / "rep")["cases"][0]
     assert case["status"] == "pass" and case["output"].rstrip().endswith("x" * 100)
@@ -139,21 +173,40 @@ def test_an_unsupported_component_is_unsupported_whatever_its_golden(tmp_path):
     gone = [c for c in manifest["cases"] if c.startswith("norm.rms/")]
     for case_id in gone:
         (project / "goldens" / manifest["cases"][case_id]["file"]).unlink()
-    proc = run_cli("run", "--impl", f"{__file__}:NoNorm", "--config", str(project / "conformance.yaml"),
-                   "--select", "norm.rms/*,quant.e2m1/*", "--report-dir", str(tmp_path / "rep"), "--no-isolate")
+    proc = run_cli(
+        "run",
+        "--impl",
+        f"{__file__}:NoNorm",
+        "--config",
+        str(project / "conformance.yaml"),
+        "--select",
+        "norm.rms/*,quant.e2m1/*",
+        "--report-dir",
+        str(tmp_path / "rep"),
+        "--no-isolate",
+    )
     got = statuses(results(tmp_path / "rep"))
     assert all(got[c] == "unsupported" for c in gone) and proc.returncode == 0, proc.stdout
 
 
 def test_a_typo_in_impl_is_reported_before_torch_is_imported(tmp_path):
-    for impl, said in (("refrence", "unknown --impl 'refrence'"),
-                       ("teamkernels.impl:Impl", "the package must be importable"),
-                       ("kernels/impl.py:Impl", "file kernels/impl.py not found")):
-        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "v41_conformance", "run", "--impl", impl],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    for impl, said in (
+        ("refrence", "unknown --impl 'refrence'"),
+        ("teamkernels.impl:Impl", "the package must be importable"),
+        ("kernels/impl.py:Impl", "file kernels/impl.py not found"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "v41_conformance", "run", "--impl", impl],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         assert proc.returncode == 2 and said in proc.stderr, proc.stderr[-2000:]
-        imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time")}
+        imported = {
+            line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time")
+        }
         assert "torch" not in imported and "v41_conformance.cli" in imported
 
 
@@ -176,4 +229,3 @@ def test_a_long_line_is_cut_at_a_word_and_a_short_overshoot_is_not_cut():
     cut = clean(long, 300)
     assert cut.startswith("word " * 50) and re.search(r"word \[\.\.\. \d+ more characters in results.json\]$", cut)
     assert failing_lines({"status": "error", "message": long, "outputs": {}})[0].endswith("in results.json]")
-

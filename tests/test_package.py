@@ -31,13 +31,17 @@ installed = wheel_env.installed  # the fixture: one wheel and venv per worker
 
 pytestmark = pytest.mark.xdist_group("package")  # one worker builds the environment (make test: --dist loadgroup)
 
+
 def test_the_sdist_and_the_wheel_carry_the_small_tier_and_only_the_pin_of_the_production_tier(installed):
     names = set(zipfile.ZipFile(installed.wheel).namelist())
     store = "v41_conformance/_store/"
     goldens = {n for n in names if n.startswith(store + "goldens/") and n.endswith(".safetensors")}
     assert goldens == {f"{store}goldens/{e['file']}" for e in MANIFEST.values()}
-    assert {f"{store}goldens/MANIFEST.json", f"{store}goldens/production/MANIFEST.json",
-            f"{store}conformance.yaml"} <= names
+    assert {
+        f"{store}goldens/MANIFEST.json",
+        f"{store}goldens/production/MANIFEST.json",
+        f"{store}conformance.yaml",
+    } <= names
     assert {f"{store}cases/{p.relative_to(ROOT / 'cases')}" for p in (ROOT / "cases").rglob("*.yaml")} <= names
     assert "v41_conformance/pytest_cases.py" in names and not [n for n in names if n.startswith("harness/")]
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
@@ -61,24 +65,31 @@ def test_from_an_empty_folder_the_installed_package_passes_every_case(installed)
     ElementTree.fromstring((empty / "rep" / "junit.xml").read_text())  # well-formed
     assert doc["store"]["origin"] == "package" and doc["store"]["version"] == doc["versions"]["harness"]
     assert doc["store"]["manifest_sha256"] == doc["goldens"]["manifest_sha256"]
-    where = installed.run(installed.python, "-c", "import v41_conformance; print(v41_conformance.__file__)", cwd=empty).stdout
+    where = installed.run(
+        installed.python, "-c", "import v41_conformance; print(v41_conformance.__file__)", cwd=empty
+    ).stdout
     assert str(installed.root) in where and str(ROOT) not in where  # the wheel's harness, not the checkout's
     # the packaged store is not rewritten; its production tier is built into the user cache, pin copied in
     refused = installed.run(installed.conformance, "generate", "--select", "quant.e2m1/*", cwd=empty)
     assert refused.returncode == 2 and "the golden store installed with the package" in refused.stderr
     cache = installed.root / "cache"
-    probe = ("import os, sys; os.environ['CONFORMANCE_CACHE'] = sys.argv[1]; from v41_conformance.config import load_config; "
-             "print(load_config().for_tier('production').goldens)")
+    probe = (
+        "import os, sys; os.environ['CONFORMANCE_CACHE'] = sys.argv[1]; from v41_conformance.config import load_config; "
+        "print(load_config().for_tier('production').goldens)"
+    )
     production = Path(installed.run(installed.python, "-c", probe, str(cache), cwd=empty).stdout.strip())
     assert cache in production.parents and production.name == "production"
-    assert (production / "MANIFEST.json").read_bytes() == (ROOT / "goldens" / "production" / "MANIFEST.json").read_bytes()
+    assert (production / "MANIFEST.json").read_bytes() == (
+        ROOT / "goldens" / "production" / "MANIFEST.json"
+    ).read_bytes()
 
 
 def test_a_team_project_runs_its_own_implementation_and_its_own_pytest_suite(installed):
     team = installed.root / "team"
     shutil.copytree(ROOT / "examples" / "team", team, ignore=shutil.ignore_patterns("__pycache__"))
-    proc = installed.run(installed.conformance, "run", "--impl", "kernels", "--select", "quant.*", "--report-dir",
-                         "rep", cwd=team)
+    proc = installed.run(
+        installed.conformance, "run", "--impl", "kernels", "--select", "quant.*", "--report-dir", "rep", cwd=team
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = statuses(results(team / "rep"))
     assert {s for c, s in got.items() if c.startswith("quant.e2m1/")} == {"pass"}
@@ -88,8 +99,21 @@ def test_a_team_project_runs_its_own_implementation_and_its_own_pytest_suite(ins
     e2m1 = sum(c.startswith("quant.e2m1/") for c in MANIFEST)
     plain = installed.run(installed.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=team)
     assert plain.returncode == 0 and f"{e2m1 + 2} passed" in plain.stdout, plain.stdout[-3000:]
-    proc = installed.run(installed.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--kernels-device", "cpu",
-                         "--conformance-impl", "kernels", "--conformance-select", "quant.e2m1", cwd=team)
+    proc = installed.run(
+        installed.python,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--kernels-device",
+        "cpu",
+        "--conformance-impl",
+        "kernels",
+        "--conformance-select",
+        "quant.e2m1",
+        cwd=team,
+    )
     assert proc.returncode == 0 and f"{e2m1 + e2m1 + 2} passed" in proc.stdout, proc.stdout[-3000:]
 
 
@@ -116,8 +140,21 @@ class Mixed(ReferenceAdapter):
 def test_pytest_in_a_throwaway_project_gets_one_test_per_case_and_two_gateways_judge_like_one(installed):
     project = installed.folder("throwaway")
     (project / "test_nothing_else.py").write_text("def test_own():\n    pass\n")
-    proc = installed.run(installed.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--conformance-impl",
-                         "reference", "--conformance-report-dir", "rep", "--conformance-no-isolate", "-rA", cwd=project)
+    proc = installed.run(
+        installed.python,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--conformance-impl",
+        "reference",
+        "--conformance-report-dir",
+        "rep",
+        "--conformance-no-isolate",
+        "-rA",
+        cwd=project,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert f"{len(MANIFEST) + 1} passed" in proc.stdout
     passed = {line.split("::", 1)[1] for line in proc.stdout.splitlines() if line.startswith("PASSED conformance::")}
@@ -129,12 +166,35 @@ def test_pytest_in_a_throwaway_project_gets_one_test_per_case_and_two_gateways_j
     (project / "mixed.py").write_text(MIXED)
     (project / "conformance.yaml").write_text(
         "impls:\n  mixed:\n    python: mixed.py:Mixed\n    expectations:\n"
-        "      - {pattern: 'quant.fp4_e8m0/*', status: fail, reason: 'doubles y, issue 1'}\n")
-    common = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--conformance-impl", "mixed",
-              "--conformance-select", "quant.*,topk.*,window.indices", "--conformance-no-isolate"]
-    serial = installed.run(installed.python, *common[:-1], "--conformance-report-dir", "serial", cwd=project)  # isolated
-    spread = installed.run(installed.python, *common, "--conformance-report-dir", "spread", "--dist", "load",
-                           "--tx", f"2*popen//python={installed.python}", "-v", cwd=project)  # -q -v: "created:"
+        "      - {pattern: 'quant.fp4_e8m0/*', status: fail, reason: 'doubles y, issue 1'}\n"
+    )
+    common = [
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--conformance-impl",
+        "mixed",
+        "--conformance-select",
+        "quant.*,topk.*,window.indices",
+        "--conformance-no-isolate",
+    ]
+    serial = installed.run(
+        installed.python, *common[:-1], "--conformance-report-dir", "serial", cwd=project
+    )  # isolated
+    spread = installed.run(
+        installed.python,
+        *common,
+        "--conformance-report-dir",
+        "spread",
+        "--dist",
+        "load",
+        "--tx",
+        f"2*popen//python={installed.python}",
+        "-v",
+        cwd=project,
+    )  # -q -v: "created:"
     assert serial.returncode == spread.returncode == 1, spread.stdout[-3000:]
     assert "created: 2/2 workers" in spread.stdout, spread.stdout[-2000:]
     a, b = results(project / "serial"), results(project / "spread")
@@ -154,8 +214,10 @@ def test_a_worker_holding_another_store_fails_every_case_loudly(tmp_path):
     options = RunOptions(impl="reference", select=[], report_dir=tmp_path, isolate=False)
     doc = run_document(config, options, resolve("reference", config), ids, "t", None)
     assert CaseExecutor.from_run(doc).run(ids[0]).status == "pass"
-    for field, value, says in (("version", "0.0.1", "the controller judged the package store of v41-conformance 0.0.1"),
-                               ("manifest_sha256", "f" * 64, "manifest ffffffffffff")):
+    for field, value, says in (
+        ("version", "0.0.1", "the controller judged the package store of v41-conformance 0.0.1"),
+        ("manifest_sha256", "f" * 64, "manifest ffffffffffff"),
+    ):
         other = json.loads(json.dumps(doc))
         other["store"] = {**other["store"], "origin": "package", field: value}
         result = CaseExecutor.from_run(other).run(ids[0])
@@ -186,22 +248,43 @@ def test_from_the_wheel_a_teams_pytest_run_gets_the_clis_verdict(installed):
     shutil.copytree(ROOT / "examples" / "team", team, ignore=shutil.ignore_patterns("__pycache__"))
 
     def pytest_in_team(*args, **kwargs):
-        return installed.run(installed.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, cwd=team, **kwargs)
+        return installed.run(
+            installed.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, cwd=team, **kwargs
+        )
 
     typo = pytest_in_team("--conformance-impl", "kernels", "--conformance-select", "quant.e2m1-*")
     assert typo.returncode == 1 and "no case was executed" in typo.stdout, typo.stdout[-2000:]
     unsupported = pytest_in_team("--conformance-impl", "kernels", "--conformance-select", "norm.rms")
     assert unsupported.returncode == 1 and "no case was executed" in unsupported.stdout, unsupported.stdout[-2000:]
     mistyped = pytest_in_team("--conformance-impl", "mykernels:Kernelz", "-n", "2")
-    assert mistyped.returncode == 4 and mistyped.stderr.count("has no attribute 'Kernelz'") == 1, mistyped.stderr[-2000:]
+    assert mistyped.returncode == 4 and mistyped.stderr.count("has no attribute 'Kernelz'") == 1, mistyped.stderr[
+        -2000:
+    ]
     assert "passed" not in mistyped.stdout and "failed" not in mistyped.stdout
     # SIGINT mid-run: every report says STOPPED, with the cases it never reached
     (team / "stops.py").write_text(STOPS)
     mark = team / "reached"
-    run = subprocess.Popen([str(installed.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--conformance-impl",
-                            "stops.py:StopsMidRun", "--conformance-select", "quant.e2m1", "--conformance-report-dir",
-                            "stopped"], cwd=team, env={**os.environ, "STOP_MARK": str(mark)}, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+    run = subprocess.Popen(
+        [
+            str(installed.python),
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--conformance-impl",
+            "stops.py:StopsMidRun",
+            "--conformance-select",
+            "quant.e2m1",
+            "--conformance-report-dir",
+            "stopped",
+        ],
+        cwd=team,
+        env={**os.environ, "STOP_MARK": str(mark)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 300
     while not mark.exists():
         assert run.poll() is None and time.monotonic() < deadline, "the run never reached quant.e2m1/uniform-4096"
@@ -220,11 +303,19 @@ def test_from_the_wheel_a_teams_pytest_run_gets_the_clis_verdict(installed):
     assert str(team / "conformance.yaml") in refused.stderr
     (team / "conformance.yaml").write_text(
         "tolerances:\n  components:\n    sparse_attn:\n      o: {rel_l2: 1.0}\n"
-        "impls:\n  kernels:\n    python: mykernels:Kernels\n    accept_ties: true\n")
-    listed = pytest_in_team("--conformance-impl", "kernels", "--conformance-select", "quant.e2m1",
-                            "--conformance-report-dir", "overrides")
+        "impls:\n  kernels:\n    python: mykernels:Kernels\n    accept_ties: true\n"
+    )
+    listed = pytest_in_team(
+        "--conformance-impl", "kernels", "--conformance-select", "quant.e2m1", "--conformance-report-dir", "overrides"
+    )
     assert listed.returncode == 0, listed.stdout[-2000:]
-    keys = ("tolerances.components.sparse_attn.o.rel_l2: 1 (packaged: ", "impls.kernels.accept_ties: true (packaged: false)")
+    keys = (
+        "tolerances.components.sparse_attn.o.rel_l2: 1 (packaged: ",
+        "impls.kernels.accept_ties: true (packaged: false)",
+    )
     assert [o["key"] for o in results(team / "overrides")["overrides"]] == [k.split(":")[0] for k in keys]
-    for where in (listed.stdout, *((team / "overrides" / n).read_text() for n in ("summary.md", "report.html", "junit.xml"))):
+    for where in (
+        listed.stdout,
+        *((team / "overrides" / n).read_text() for n in ("summary.md", "report.html", "junit.xml")),
+    ):
         assert all(k in where for k in keys), where[:3000]

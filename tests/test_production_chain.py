@@ -29,8 +29,16 @@ from impls.wrong_attention import PlainSoftmax
 
 pytestmark = pytest.mark.production
 CASE = "attention/production-p1030-d1x4-upstream"
-GATES = [UpstreamTorch, Float64, PlainSoftmax, attention_cores.TiledFp32P, attention_cores.Tiles128,
-         attention_cores.OnePassBf16P, gemm_orders.Fp8K128, gemm_orders.BlasBf16]
+GATES = [
+    UpstreamTorch,
+    Float64,
+    PlainSoftmax,
+    attention_cores.TiledFp32P,
+    attention_cores.Tiles128,
+    attention_cores.OnePassBf16P,
+    gemm_orders.Fp8K128,
+    gemm_orders.BlasBf16,
+]
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +72,9 @@ def test_correct_implementations_pass_the_production_case(production, gate):
     given, bare = run_once(production, gate())
     assert given.status == "pass", given.message
     ids = [m for n, m in given.outputs.items() if n.endswith(".compressed_ids")]
-    assert not any(m.get("rows_miss") for m in ids) and all(m["ok"] for n, m in given.outputs.items()
-                                                              if n.endswith(".candidates"))
+    assert not any(m.get("rows_miss") for m in ids) and all(
+        m["ok"] for n, m in given.outputs.items() if n.endswith(".candidates")
+    )
     if bare.status != "pass":  # without intermediates only unattributed differences may fail, each with its hint
         for name, m in bare.outputs.items():
             assert m["ok"] or m.get("hint"), (name, m)
@@ -83,10 +92,18 @@ def test_each_bug_fails_at_its_stage_on_the_production_case(production, mutant):
 # --- GPU arithmetic (docs/verdicts.md, "GPU arithmetic") ----------------------------------------------
 # The gates of tests/impls/gpu_arith.py on upstream's torch ops (the production cases run upstream's
 # schedules), and the bugs beside each allowance with the stage that holds each.
-GPU_MUTANTS = {"Fp8Tc14NoPromotion": "qr|kv", "Fp8BlockSumsBf16": "qr|kv", "IndexLogitsNoFp4Q": "index_scores",
-               "IndexLogitsNoFp4K": "index_k_rows", "IndexLogitsHeadSumBf16": "index_scores"}
-INDEXER = ["indexer/r1-chunk-start600-s16-production", "indexer/r1-consumer-start600-s8-production",
-           "indexer/r2-decode-start1026-production"]
+GPU_MUTANTS = {
+    "Fp8Tc14NoPromotion": "qr|kv",
+    "Fp8BlockSumsBf16": "qr|kv",
+    "IndexLogitsNoFp4Q": "index_scores",
+    "IndexLogitsNoFp4K": "index_k_rows",
+    "IndexLogitsHeadSumBf16": "index_scores",
+}
+INDEXER = [
+    "indexer/r1-chunk-start600-s16-production",
+    "indexer/r1-consumer-start600-s8-production",
+    "indexer/r2-decode-start1026-production",
+]
 
 
 # The aligned tensor-core model costs hours per production attention run on a CPU (it aligns every

@@ -64,14 +64,17 @@ def test_a_faithful_echo_passes_and_a_bool_misread_is_named(programs, tmp_path, 
     named = {line.split()[1].rstrip(":") for line in lines}
     # each bool is sent once true and once false: the false ones come back as the default true
     assert named == {"param.sorted", "param.largest", "param.config.fp8"}, proc.stdout
-    assert any("param.sorted: sent BOOL [] = False; returned BOOL [] = True" in line and "default" in line
-               for line in lines), proc.stdout
+    assert any(
+        "param.sorted: sent BOOL [] = False; returned BOOL [] = True" in line and "default" in line for line in lines
+    ), proc.stdout
 
 
 def test_a_program_without_echo_or_with_unknown_components_is_told_what_to_do(tmp_path):
     program = tmp_path / "plain.py"
-    program.write_text("import sys\nif sys.argv[1] == 'components':\n    print('quant.e2m1'); print('qaunt.fp4')\n"
-                       "else:\n    print('unsupported no echo here')\n")
+    program.write_text(
+        "import sys\nif sys.argv[1] == 'components':\n    print('quant.e2m1'); print('qaunt.fp4')\n"
+        "else:\n    print('unsupported no echo here')\n"
+    )
     proc = run_cli("check-protocol", "--", sys.executable, str(program), cwd=tmp_path)
     assert proc.returncode == 1
     assert "'qaunt.fp4', which names no component" in proc.stdout

@@ -26,8 +26,10 @@ from v41_conformance.errors import UsageError
 from v41_conformance.pytest_run import Plan, session_exit_status
 
 CI = f"{ROOT}/tests/impls/ci_conditions.py"
-ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")},  # a session of its own
-       "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+ENV = {
+    **{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")},  # a session of its own
+    "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+}
 BASE = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
 
 HANGS = """
@@ -53,15 +55,28 @@ class SupportsNothing:
 
 
 def pytest_run(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*BASE, *args], cwd=cwd, env={**ENV, **(env or {})}, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [*BASE, *args], cwd=cwd, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_the_plugin_times_out_a_hang_deselects_with_k_and_writes_the_reports(tmp_path):
     (tmp_path / "hangs.py").write_text(HANGS)
-    proc = pytest_run("-p", "no:xdist", "--conformance-impl", "hangs.py:HangsOnMidpoints", "--conformance-select",
-                      "quant.e2m1", "--conformance-timeout", "5", "--conformance-report-dir", "rep", "-k", "not uniform",
-                      cwd=tmp_path)
+    proc = pytest_run(
+        "-p",
+        "no:xdist",
+        "--conformance-impl",
+        "hangs.py:HangsOnMidpoints",
+        "--conformance-select",
+        "quant.e2m1",
+        "--conformance-timeout",
+        "5",
+        "--conformance-report-dir",
+        "rep",
+        "-k",
+        "not uniform",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "1 failed, 1 passed, 1 deselected" in proc.stdout, proc.stdout[-2000:]
     assert "quant.e2m1/midpoints: timeout:" in proc.stdout
@@ -85,10 +100,23 @@ def test_a_case_reruns_by_the_node_id_pytest_prints(tmp_path):
 @pytest.mark.parametrize("sig, workers", [(signal.SIGINT, []), (signal.SIGTERM, ["-n", "2"])])
 def test_a_stopped_run_exits_non_zero_and_every_report_says_stopped(tmp_path, sig, workers):
     mark = tmp_path / "reached"
-    run = subprocess.Popen([*BASE, "--conformance-impl", f"{CI}:StopsMidRun", "--conformance-select", "quant.*",
-                            "--conformance-report-dir", "rep", *workers], cwd=tmp_path,
-                           env={**ENV, "CONFORMANCE_TEST_BLOCK": "quant.fp8_ue8m0", "CONFORMANCE_TEST_MARK": str(mark)},
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = subprocess.Popen(
+        [
+            *BASE,
+            "--conformance-impl",
+            f"{CI}:StopsMidRun",
+            "--conformance-select",
+            "quant.*",
+            "--conformance-report-dir",
+            "rep",
+            *workers,
+        ],
+        cwd=tmp_path,
+        env={**ENV, "CONFORMANCE_TEST_BLOCK": "quant.fp8_ue8m0", "CONFORMANCE_TEST_MARK": str(mark)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 300
     while not mark.exists():
         assert run.poll() is None and time.monotonic() < deadline, "the run never reached quant.fp8_ue8m0"
@@ -112,13 +140,27 @@ def test_a_stopped_run_exits_non_zero_and_every_report_says_stopped(tmp_path, si
 
 
 def test_a_run_that_judges_nothing_fails_the_session_with_the_clis_message(tmp_path):
-    typo = pytest_run("--conformance-impl", "reference", "--conformance-select", "sparse-attn*",
-                      "--conformance-report-dir", "typo", cwd=tmp_path)
+    typo = pytest_run(
+        "--conformance-impl",
+        "reference",
+        "--conformance-select",
+        "sparse-attn*",
+        "--conformance-report-dir",
+        "typo",
+        cwd=tmp_path,
+    )
     assert typo.returncode == 1, typo.stdout[-2000:]
     assert "no case was executed" in typo.stdout and results(tmp_path / "typo")["exit_code"] == 1
     (tmp_path / "nothing.py").write_text(SUPPORTS_NOTHING)
-    unsupported = pytest_run("--conformance-impl", "nothing.py:SupportsNothing", "--conformance-select", "quant.e2m1",
-                             "--conformance-report-dir", "unsupported", cwd=tmp_path)
+    unsupported = pytest_run(
+        "--conformance-impl",
+        "nothing.py:SupportsNothing",
+        "--conformance-select",
+        "quant.e2m1",
+        "--conformance-report-dir",
+        "unsupported",
+        cwd=tmp_path,
+    )
     assert unsupported.returncode == 1 and "3 skipped" in unsupported.stdout, unsupported.stdout[-2000:]
     doc = results(tmp_path / "unsupported")
     assert doc["exit_code"] == 1 and "no case was executed" in doc["problems"][0]
@@ -126,8 +168,15 @@ def test_a_run_that_judges_nothing_fails_the_session_with_the_clis_message(tmp_p
 
 
 def test_an_implementation_that_cannot_be_loaded_is_one_usage_error_before_any_case(tmp_path):
-    proc = pytest_run("--conformance-impl", "v41_conformance.adapters.reference:ReferenceAdaptr", "-n", "2",
-                      "--conformance-report-dir", "rep", cwd=tmp_path)
+    proc = pytest_run(
+        "--conformance-impl",
+        "v41_conformance.adapters.reference:ReferenceAdaptr",
+        "-n",
+        "2",
+        "--conformance-report-dir",
+        "rep",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stderr.count("has no attribute 'ReferenceAdaptr'") == 1 and "--conformance-impl" in proc.stderr
     assert "passed" not in proc.stdout and "failed" not in proc.stdout and not (tmp_path / "rep").exists()
@@ -151,8 +200,15 @@ def test_a_conftest_override_without_the_option_fails_the_session_and_with_it_is
     alone = pytest_run(cwd=tmp_path)
     assert alone.returncode == 4, alone.stdout[-2000:]
     assert "supplies the conformance_impl fixture, but without --conformance-impl" in alone.stdout
-    judged = pytest_run("--conformance-impl", "our-gpu-kernels", "--conformance-select", "quant.e2m1",
-                        "--conformance-report-dir", "rep", cwd=tmp_path)
+    judged = pytest_run(
+        "--conformance-impl",
+        "our-gpu-kernels",
+        "--conformance-select",
+        "quant.e2m1",
+        "--conformance-report-dir",
+        "rep",
+        cwd=tmp_path,
+    )
     assert judged.returncode == 0 and "4 passed" in judged.stdout, judged.stdout[-2000:]
     assert results(tmp_path / "rep")["impl"] == "our-gpu-kernels"
     (tmp_path / "conftest.py").write_text(OVERRIDE.format(supply=False))  # falls back to the option: no cases wanted
@@ -176,10 +232,14 @@ def test_the_plugin_imports_nothing_heavy_unasked_and_local_xdist_workers_share_
     (tmp_path / "conftest.py").write_text(PROBE.format(folder=str(tmp_path)))
     plain = pytest_run(cwd=tmp_path)
     assert plain.returncode == 0, plain.stdout[-2000:]
-    assert (tmp_path / "controller.modules").read_text().split() == ["v41_conformance", "v41_conformance.pytest_cases",
-                                                                     "v41_conformance.pytest_names"]
-    spread = pytest_run("--conformance-impl", "reference", "--conformance-select", "quant.e2m1,norm.rms", "-n", "2",
-                        cwd=tmp_path)
+    assert (tmp_path / "controller.modules").read_text().split() == [
+        "v41_conformance",
+        "v41_conformance.pytest_cases",
+        "v41_conformance.pytest_names",
+    ]
+    spread = pytest_run(
+        "--conformance-impl", "reference", "--conformance-select", "quant.e2m1,norm.rms", "-n", "2", cwd=tmp_path
+    )
     assert spread.returncode == 0 and "passed" in spread.stdout, spread.stdout[-2000:]
     for worker in ("gw0", "gw1"):
         loaded = (tmp_path / f"{worker}.modules").read_text().split()

@@ -7,8 +7,14 @@ import math
 import pytest
 import torch
 
-from v41_conformance.reference.attention import (_chunk_window_ids, attention_step, init_weights,
-                                         rope_table, run_model, window_part)
+from v41_conformance.reference.attention import (
+    _chunk_window_ids,
+    attention_step,
+    init_weights,
+    rope_table,
+    run_model,
+    window_part,
+)
 from v41_conformance.reference.compressor import pending_state
 from v41_conformance.reference.config import TINY_A, layer_roles
 from v41_conformance.reference.runtime import SharedRuntime, init_layer_state
@@ -34,7 +40,7 @@ def run_a(weights, x_seq):
 
 def _floored_ulps(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     a, e = actual.double(), expected.double()
-    mag = torch.maximum(e.abs(), e.pow(2).mean(-1, keepdim=True).sqrt()).clamp(min=2.0 ** -126)
+    mag = torch.maximum(e.abs(), e.pow(2).mean(-1, keepdim=True).sqrt()).clamp(min=2.0**-126)
     return (a - e).abs() / torch.pow(2.0, torch.floor(torch.log2(mag)) - 7)
 
 
@@ -55,20 +61,20 @@ def test_schedule_a_runs_with_section_12_widths_and_offsets(run_a):
             if roles[layer].ratio == 0:
                 assert res.ids.shape[-1] == 8 and res.compressed_ids.shape[-1] == 0
                 continue
-            assert res.ids.shape == (2, S, 12)           # 8 + min(4, T), T >= 10 everywhere
+            assert res.ids.shape == (2, S, 12)  # 8 + min(4, T), T >= 10 everywhere
             c = res.compressed_ids
             assert ((c == -1) | (c >= offset)).all()
             end = 21 if i == 0 else 21 + i
-            lens = torch.arange(end - S + 1, end + 1) // roles[layer].ratio   # per query
+            lens = torch.arange(end - S + 1, end + 1) // roles[layer].ratio  # per query
             valid = c >= 0
             assert (~valid | (c - offset < lens.view(1, S, 1))).all()
             assert (valid.sum(-1) == lens.clamp(max=4).view(1, S)).all()
             v = torch.where(valid, c, torch.iinfo(torch.int32).max)
-            assert (v[..., 1:] > v[..., :-1]).logical_or(~valid[..., 1:]).all()   # ascending
+            assert (v[..., 1:] > v[..., :-1]).logical_or(~valid[..., 1:]).all()  # ascending
 
 
 def test_decode_window_ids_follow_the_ring(run_a):
-    res = run_a["upstream"].steps[1][0]                    # start_pos 21, layer 0
+    res = run_a["upstream"].steps[1][0]  # start_pos 21, layer 0
     assert res.window_ids[0, 0].tolist() == [6, 7, 0, 1, 2, 3, 4, 5]
     # slot 5 (= 21 % 8) of the ring holds token 21's finished window kv
     assert torch.equal(res.state.window[:, 5], res.dumps["window_kv"][:, 0])
@@ -79,7 +85,7 @@ def test_ratio_0_layer_reads_window_only(run_a, weights, x_seq):
     for i, row in enumerate(run_a["upstream"].steps):
         res = row[0]
         assert res.sources == {} and res.candidates is None
-        assert res.dumps["kv"].shape[1] == (21 if i == 0 else 8)     # window part only
+        assert res.dumps["kv"].shape[1] == (21 if i == 0 else 8)  # window part only
     # layer 0 leaves the shared runtime untouched
     rt = SharedRuntime()
     st = init_layer_state(CFG, 0, 2)
@@ -113,10 +119,10 @@ def test_shared_slots_are_attributed_to_the_upstream_sources(run_a):
 
 def test_caches_hold_completed_groups_only(run_a):
     states = run_a["upstream"].steps[0]
-    ckv1 = states[1].state.compress_kv                       # ratio 2, prefill 21 -> 10 rows
+    ckv1 = states[1].state.compress_kv  # ratio 2, prefill 21 -> 10 rows
     assert ckv1.shape == (2, 32, 128)
     assert (ckv1[:, :10].abs().sum(-1) > 0).all() and (ckv1[:, 10:] == 0).all()
-    ik4 = states[4].state.index_k                            # ratio 1 -> 21 rows
+    ik4 = states[4].state.index_k  # ratio 1 -> 21 rows
     assert (ik4[:, :21].abs().sum(-1) > 0).all() and (ik4[:, 21:] == 0).all()
     assert states[2].state.compress_kv is None and states[6].state.index_k is None
     final = run_a["upstream"].states
@@ -129,7 +135,7 @@ def test_caches_hold_completed_groups_only(run_a):
 def test_policy_upstream_vs_fixed_differs_only_at_stale_index_k_reads(run_a):
     up, fx = run_a["upstream"].steps, run_a["fixed"].steps
     for i, (s, _) in enumerate(SCHEDULE_A):
-        stale = i > 0 and s % 2 == 0                          # start_pos 22, 24, ..., 30
+        stale = i > 0 and s % 2 == 0  # start_pos 22, 24, ..., 30
         for layer in range(8):
             a, b = up[i][layer], fx[i][layer]
             if layer in (1, 3):
@@ -137,7 +143,7 @@ def test_policy_upstream_vs_fixed_differs_only_at_stale_index_k_reads(run_a):
                 assert b.sources["index_k"] == layer
             else:
                 assert a.sources == b.sources
-            affected = stale and layer in (1, 2, 3)              # layer 2 reuses layer 1's ids
+            affected = stale and layer in (1, 2, 3)  # layer 2 reuses layer 1's ids
             assert torch.equal(a.ids, b.ids) != affected, (s, layer)
             assert torch.equal(a.out, b.out) != affected, (s, layer)
     # caches never depend on the policy
@@ -155,9 +161,9 @@ def test_chunk_window_ids_hand_values():
     assert _chunk_window_ids(2, 2, 4).tolist() == [[-1, 0, 1, 4], [0, 1, 4, 5]]
     ring = torch.arange(4).view(1, 4, 1).expand(1, 4, 32).to(torch.bfloat16)
     kv = torch.full((1, 3, 32), 9.0, dtype=torch.bfloat16)
-    part, ids, new = window_part(ring, kv, 10)                 # positions 10, 11, 12
+    part, ids, new = window_part(ring, kv, 10)  # positions 10, 11, 12
     assert part.shape == (1, 7, 32) and ids.shape == (1, 3, 4)
-    assert new[0, :, 0].tolist() == [9.0, 1.0, 9.0, 9.0]       # slots 10%4, 11%4, 12%4
+    assert new[0, :, 0].tolist() == [9.0, 1.0, 9.0, 9.0]  # slots 10%4, 11%4, 12%4
 
 
 def _logical(res, offset, width=4):
@@ -177,12 +183,10 @@ def _collect(run, schedule):
     out, ids, scores = [], [], []
     for layer in range(8):
         out.append(torch.cat([st[layer].out for st in run.steps], 1))
-        ids.append(torch.cat([_logical(st[layer], _offset(s, e))
-                              for st, (s, e) in zip(run.steps, schedule)], 1))
+        ids.append(torch.cat([_logical(st[layer], _offset(s, e)) for st, (s, e) in zip(run.steps, schedule)], 1))
         ms = [st[layer].dumps.get("masked_scores") for st in run.steps]
         if ms[0] is not None:
-            ms = [torch.nn.functional.pad(m.float(), (0, 32 - m.shape[-1]), value=-math.inf)
-                  for m in ms]
+            ms = [torch.nn.functional.pad(m.float(), (0, 32 - m.shape[-1]), value=-math.inf) for m in ms]
             scores.append(torch.cat(ms, 1))
         else:
             scores.append(None)
@@ -201,20 +205,25 @@ def _assert_equivalent(run_a, sched_a, run_b, sched_b):
             continue
         diff = (ids_a[layer].sort(-1).values != ids_b[layer].sort(-1).values).any(-1)  # [b, T]
         for bi, t in diff.nonzero().tolist():
-            assert torch.equal(sc_a[layer][bi, t], sc_b[layer][bi, t]), \
+            assert torch.equal(sc_a[layer][bi, t], sc_b[layer][bi, t]), (
                 f"layer {layer} position {t}: index scores differ"
+            )
             for ids, sc in ((ids_a, sc_a), (ids_b, sc_b)):
                 chosen = ids[layer][bi, t]
                 kth = sc[layer][bi, t, chosen[chosen >= 0]].min()
                 other = (ids_a if ids is ids_b else ids_b)[layer][bi, t]
                 extra = other[(other >= 0) & ~torch.isin(other, chosen)]
-                assert torch.equal(sc[layer][bi, t, extra], kth.expand(extra.numel())), \
+                assert torch.equal(sc[layer][bi, t, extra], kth.expand(extra.numel())), (
                     f"layer {layer} position {t}: selections differ beyond a tie"
+                )
         tied[layer] = diff
     for layer in range(8):
         r = roles[layer]
-        mask = tied.get(r.index_source, torch.zeros(2, 32, dtype=torch.bool)) \
-            if r.ratio else torch.zeros(2, 32, dtype=torch.bool)
+        mask = (
+            tied.get(r.index_source, torch.zeros(2, 32, dtype=torch.bool))
+            if r.ratio
+            else torch.zeros(2, 32, dtype=torch.bool)
+        )
         keep = ~mask
         assert torch.equal(ids_a[layer][keep], ids_b[layer][keep])
         u = _floored_ulps(out_a[layer][keep], out_b[layer][keep].float())
@@ -223,10 +232,10 @@ def _assert_equivalent(run_a, sched_a, run_b, sched_b):
 
 
 CHUNKED = [
-    [(0, 5), (5, 13), (13, 21), (21, 32)],          # chunked prefill
-    [(0, 20), (20, 32)],                            # one multi-token decode chunk
-    [(0, 21), (21, 24), (24, 26), (26, 32)],        # multi-token decode steps
-    [(0, 1), (1, 3), (3, 4), (4, 9), (9, 32)],      # ragged, S = 1 prefill (T = 0 at ratio 2)
+    [(0, 5), (5, 13), (13, 21), (21, 32)],  # chunked prefill
+    [(0, 20), (20, 32)],  # one multi-token decode chunk
+    [(0, 21), (21, 24), (24, 26), (26, 32)],  # multi-token decode steps
+    [(0, 1), (1, 3), (3, 4), (4, 9), (9, 32)],  # ragged, S = 1 prefill (T = 0 at ratio 2)
 ]
 
 
@@ -239,8 +248,7 @@ def test_chunked_equals_one_shot_prefill(weights, x_seq, schedule):
         assert torch.equal(a.window, b.window)
         if r.is_kv_source:
             assert torch.equal(a.compress_kv, b.compress_kv)
-            assert torch.equal(pending_state(a.comp_ring, 32, r.ratio),
-                               pending_state(b.comp_ring, 32, r.ratio))
+            assert torch.equal(pending_state(a.comp_ring, 32, r.ratio), pending_state(b.comp_ring, 32, r.ratio))
         if r.owns_k:
             assert torch.equal(a.index_k, b.index_k)
 
@@ -248,8 +256,7 @@ def test_chunked_equals_one_shot_prefill(weights, x_seq, schedule):
 def test_upstream_policy_equals_one_shot_when_every_step_closes_a_group(weights, x_seq):
     schedule = [(0, 6), (6, 14), (14, 22), (22, 32)]
     one = run_model(CFG, weights, x_seq, [(0, 32)], "upstream")
-    _assert_equivalent(one, [(0, 32)], run_model(CFG, weights, x_seq, schedule, "upstream"),
-                       schedule)
+    _assert_equivalent(one, [(0, 32)], run_model(CFG, weights, x_seq, schedule, "upstream"), schedule)
 
 
 # ----------------------------------------------------------------------------- assembly
@@ -262,19 +269,18 @@ def test_output_matches_plain_float64_assembly(run_a, weights):
         w = weights[layer]
         q, kv, ids = res.dumps["q"].double(), res.dumps["kv"].double(), res.ids
         b, S, h, d = q.shape
-        present = (ids >= 0)
+        present = ids >= 0
         rows = kv[torch.arange(b).view(-1, 1, 1), ids.long().clamp(min=0)] * present[..., None]
-        s = torch.einsum("bshd,bskd->bshk", q, rows) * CFG.head_dim ** -0.5
+        s = torch.einsum("bshd,bskd->bshk", q, rows) * CFG.head_dim**-0.5
         e = torch.exp(s).masked_fill(~present.unsqueeze(2), 0.0)
         den = e.sum(-1) + torch.exp(w.attn_sink.double()).view(1, 1, h)
         o = torch.einsum("bshk,bskd->bshd", e, rows) / den[..., None]
         start = SCHEDULE_A[step][0]
-        table = rope_table(CFG, layer_roles(CFG)[layer].ratio)[start:start + S].double()
+        table = rope_table(CFG, layer_roles(CFG)[layer].ratio)[start : start + S].double()
         rot = torch.complex(table[..., 0], table[..., 1]).conj().view(1, S, 1, -1)
         tail = torch.view_as_complex(o[..., -32:].contiguous().unflatten(-1, (-1, 2)))
         o = torch.cat([o[..., :-32], torch.view_as_real(tail * rot).flatten(-2)], -1)
-        z = torch.einsum("bsgd,grd->bsgr", o.reshape(b, S, 2, -1),
-                         w.wo_a.double().view(2, 32, -1)).flatten(2)
+        z = torch.einsum("bsgd,grd->bsgr", o.reshape(b, S, 2, -1), w.wo_a.double().view(2, 32, -1)).flatten(2)
         ref = z @ w.wo_b.double().T
         rel = (res.out.double() - ref).norm() / ref.norm()
         assert rel < 1e-2, (step, layer, rel)

@@ -261,9 +261,12 @@ def test_live_slots():
 # The seed's lab: values v and positive weights w per position and channel (hd = 2); the step
 # sees them through identity projections, x = [v0, v1, log w0, log w1] (dim 4).
 LAB = [  # (v, w) per position 0..6
-    ((0, 10), (1, 3)), ((8, 2), (3, 1)),  # pair (0,1) -> (6, 8)
-    ((4, 0), (1, 1)), ((12, 6), (1, 1)),  # pair (2,3) -> (8, 3)
-    ((2, 5), (1, 1)), ((4, 5), (1, 1)),  # pair (4,5) -> (3, 5)
+    ((0, 10), (1, 3)),
+    ((8, 2), (3, 1)),  # pair (0,1) -> (6, 8)
+    ((4, 0), (1, 1)),
+    ((12, 6), (1, 1)),  # pair (2,3) -> (8, 3)
+    ((2, 5), (1, 1)),
+    ((4, 5), (1, 1)),  # pair (4,5) -> (3, 5)
     ((9, 14), (2, 1)),  # pending; in slot 0 of a 6-slot ring it turns pair (0,1) into (42/5, 8)
 ]
 LAB_W = CompressorWeights(

@@ -262,8 +262,7 @@ def _tiny(seed: int, S: int = 22):
     x = torch.randn(b, S, dim, generator=g).to(BF)
     qr = torch.randn(b, S, ql, generator=g).to(BF)
     weights = IndexerWeights(
-        (torch.randn(H * D, ql, generator=g) * ql**-0.5).to(BF),
-        (torch.randn(H, dim, generator=g) * dim**-0.5).to(BF),
+        (torch.randn(H * D, ql, generator=g) * ql**-0.5).to(BF), (torch.randn(H, dim, generator=g) * dim**-0.5).to(BF)
     )
     keys = fp4_qdq_e8m0(torch.randn(b, 32, D, generator=g).to(BF)).y  # published keys, 32 rows
     table = freqs_table(32, 64, 160000.0, 65536, 16.0, 32, 1)

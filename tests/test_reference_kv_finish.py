@@ -113,8 +113,14 @@ def test_without_index_weights_only_the_main_row():
 
 
 def test_empty_step_gives_empty_rows():
-    out = kv_finish(torch.empty(2, 0, HD, dtype=torch.bfloat16), torch.empty(0, dtype=torch.int64), TABLE, RD,
-                    wk=WK, k_norm_w=K_NORM_W)
+    out = kv_finish(
+        torch.empty(2, 0, HD, dtype=torch.bfloat16),
+        torch.empty(0, dtype=torch.int64),
+        TABLE,
+        RD,
+        wk=WK,
+        k_norm_w=K_NORM_W,
+    )
     assert out.main.shape == (2, 0, HD) and out.index_k.shape == (2, 0, IHD)
     assert out.main_scale_bytes.shape == (2, 0, HD // 16)
 

@@ -38,8 +38,15 @@ def down(v: float) -> float:
 # every midpoint of the grid and its tie result (ties go to the even code index)
 MIDPOINT_TIES = [(0.25, 0.0), (0.75, 1.0), (1.25, 1.0), (1.75, 2.0), (2.5, 2.0), (3.5, 4.0), (5.0, 4.0)]
 # the two grid neighbours of each midpoint: (just below -> lower, just above -> upper)
-MIDPOINT_NEIGHBOURS = [(0.25, 0.0, 0.5), (0.75, 0.5, 1.0), (1.25, 1.0, 1.5), (1.75, 1.5, 2.0),
-                       (2.5, 2.0, 3.0), (3.5, 3.0, 4.0), (5.0, 4.0, 6.0)]
+MIDPOINT_NEIGHBOURS = [
+    (0.25, 0.0, 0.5),
+    (0.75, 0.5, 1.0),
+    (1.25, 1.0, 1.5),
+    (1.75, 1.5, 2.0),
+    (2.5, 2.0, 3.0),
+    (3.5, 3.0, 4.0),
+    (5.0, 4.0, 6.0),
+]
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
@@ -140,8 +147,10 @@ def test_e4m3_round_normals_subnormals_ties_and_saturation() -> None:
 
 
 def test_to_bf16_rounds_once_even_from_float64() -> None:
-    x = torch.tensor([1 + 2**-8 + 2**-30, 1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8 + 2**-40),
-                      1e-50, -1e-50, 1e300, math.inf, 3.0], dtype=torch.float64)
+    x = torch.tensor(
+        [1 + 2**-8 + 2**-30, 1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8 + 2**-40), 1e-50, -1e-50, 1e300, math.inf, 3.0],
+        dtype=torch.float64,
+    )
     got = nm.to_bf16(x)
     assert got.dtype == torch.bfloat16
     assert got.float().tolist() == [1 + 2**-7, 1.0, 1 + 4 * 2**-8, -(1 + 2**-7), 0.0, -0.0, math.inf, math.inf, 3.0]
@@ -183,13 +192,14 @@ def test_all_zero_blocks_use_the_floor_scales(zero: float) -> None:
 
 def test_fp4_e4m3_block_by_hand() -> None:
     # amax 3.0 -> scale e4m3(0.5) = 0.5 (byte 0x30); v = x / 0.5; midpoints land on ties
-    x = torch.tensor([3.0, -3.0, 0.125, 0.375, 0.625, 0.875, 1.25, 1.75, -2.5, 0.0, -0.0, 0.1,
-                      0.25, 0.5, 1.0, 2.0], dtype=torch.bfloat16)
+    x = torch.tensor(
+        [3.0, -3.0, 0.125, 0.375, 0.625, 0.875, 1.25, 1.75, -2.5, 0.0, -0.0, 0.1, 0.25, 0.5, 1.0, 2.0],
+        dtype=torch.bfloat16,
+    )
     r = nm.fp4_qdq_e4m3(x)
     assert r.scales.tolist() == [0.5] and r.scale_bytes.tolist() == [0x30]
     # v:        6, -6, .25, .75, 1.25, 1.75, 2.5, 3.5, -5, 0, -0, .2, .5, 1, 2, 4
-    assert r.y.float().tolist() == [3.0, -3.0, 0.0, 0.5, 0.5, 1.0, 1.0, 2.0, -2.0, 0.0, -0.0, 0.0,
-                                    0.25, 0.5, 1.0, 2.0]
+    assert r.y.float().tolist() == [3.0, -3.0, 0.0, 0.5, 0.5, 1.0, 1.0, 2.0, -2.0, 0.0, -0.0, 0.0, 0.25, 0.5, 1.0, 2.0]
     assert r.codes.tolist() == [7, 15, 0, 2, 2, 4, 4, 6, 14, 0, 8, 0, 1, 2, 4, 6]
 
 
@@ -331,7 +341,7 @@ def _slow_quant(values: list[float], kind: str) -> tuple[list[float], list[float
     ys: list[float] = []
     scales: list[float] = []
     for start in range(0, len(values), block):
-        blk = values[start:start + block]
+        blk = values[start : start + block]
         amax = max(abs(v) for v in blk)
         if kind == "e4m3":
             s = _e4m3_slow(_f32(max(amax, 0.01171875) / 6.0))
@@ -440,4 +450,3 @@ def test_linears() -> None:
         nm.linear_f32(x.bfloat16(), w)
     with pytest.raises(ValueError, match=r"\[out, in\]"):
         nm.linear_bf16(x.bfloat16(), w.T.bfloat16())
-

@@ -25,8 +25,16 @@ def test_yarn_correction_range_production_and_tiny() -> None:
 def test_production_inverse_frequencies_of_appendix_b() -> None:
     inv = rope.yarn_inv_freq(**PROD)
     assert inv.dtype == F32 and inv.shape == (32,)
-    listed = {0: 1.0, 1: 0.687656045, 15: 0.0036355385, 16: 0.0022656249, 20: 0.00029697779,
-              24: 1.9531253e-05, 25: 5.3723124e-06, 31: 5.6805294e-07}
+    listed = {
+        0: 1.0,
+        1: 0.687656045,
+        15: 0.0036355385,
+        16: 0.0022656249,
+        20: 0.00029697779,
+        24: 1.9531253e-05,
+        25: 5.3723124e-06,
+        31: 5.6805294e-07,
+    }
     for i, value in listed.items():  # the listed digits identify the fp32 value exactly
         assert inv[i].item() == torch.tensor(value, dtype=F32).item(), f"pair {i}"
     # pairs <= low keep the plain frequency, pairs >= high are divided by the factor exactly
@@ -38,9 +46,24 @@ def test_production_inverse_frequencies_of_appendix_b() -> None:
 
 def test_tiny_config_inverse_frequencies_of_appendix_b() -> None:
     inv = rope.yarn_inv_freq(**TINY)
-    listed = [1.0, 0.472870797, 0.223606795, 0.10573712, 0.050000001, 0.02364354, 0.01118034,
-              0.005286857, 0.002109375, 0.000812747, 0.000296978, 9.9129e-05, 2.7344e-05,
-              3.694e-06, 1.747e-06, 8.26e-07]
+    listed = [
+        1.0,
+        0.472870797,
+        0.223606795,
+        0.10573712,
+        0.050000001,
+        0.02364354,
+        0.01118034,
+        0.005286857,
+        0.002109375,
+        0.000812747,
+        0.000296978,
+        9.9129e-05,
+        2.7344e-05,
+        3.694e-06,
+        1.747e-06,
+        8.26e-07,
+    ]
     assert inv.tolist() == pytest.approx(listed, rel=2e-4)  # the later entries are listed to 3-4 digits
     for i in range(7):  # the first seven are listed precisely enough to pin the fp32 value
         assert inv[i].item() == torch.tensor(listed[i], dtype=F32).item(), f"pair {i}"
@@ -156,5 +179,5 @@ def test_strided_table_rows_for_compressed_positions() -> None:
     x = torch.randn(1, 10, 64, generator=torch.Generator().manual_seed(3)).bfloat16()
     y = rope.apply_rotary(x, full[0:20:2], 32)  # a non-contiguous slice of rows
     for j in range(10):
-        one = rope.apply_rotary(x[:, j:j + 1], full[2 * j:2 * j + 1], 32)
-        assert torch.equal(bits16(y[:, j:j + 1]), bits16(one)), f"group {j}"
+        one = rope.apply_rotary(x[:, j : j + 1], full[2 * j : 2 * j + 1], 32)
+        assert torch.equal(bits16(y[:, j : j + 1]), bits16(one)), f"group {j}"

@@ -19,7 +19,7 @@ def _random_case(seed: int, b=2, m=5, h=4, d=64, n=150, K=70, absent=0.1, q_scal
     sink = torch.randn(h, generator=g)
     ids = torch.stack([torch.randperm(n, generator=g)[:K] for _ in range(b * m)]).view(b, m, K)
     ids = ids.masked_fill(torch.rand(b, m, K, generator=g) < absent, -1).to(torch.int32)
-    return q, kv, sink, ids, d ** -0.5
+    return q, kv, sink, ids, d**-0.5
 
 
 def _closed_form(q, kv, sink, ids, scale) -> torch.Tensor:
@@ -36,7 +36,7 @@ def _closed_form(q, kv, sink, ids, scale) -> torch.Tensor:
 def _floored_ulps(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     """|a - e| in bf16 ulps of max(|e|, RMS of e's row): the harness's element metric."""
     a, e = actual.double(), expected.double()
-    mag = torch.maximum(e.abs(), e.pow(2).mean(-1, keepdim=True).sqrt()).clamp(min=2.0 ** -126)
+    mag = torch.maximum(e.abs(), e.pow(2).mean(-1, keepdim=True).sqrt()).clamp(min=2.0**-126)
     return (a - e).abs() / torch.pow(2.0, torch.floor(torch.log2(mag)) - 7)
 
 
@@ -51,9 +51,8 @@ def _loop_reference(q, kv, sink, ids, scale, tile=TILE) -> torch.Tensor:
                 qv = q[bi, mi, hi].float()
                 row = ids[bi, mi].tolist()
                 for t0 in range(0, len(row), tile):
-                    chunk = row[t0:t0 + tile]
-                    v = torch.stack([kv[bi, j].float() if j >= 0 else torch.zeros(d)
-                                     for j in chunk])
+                    chunk = row[t0 : t0 + tile]
+                    v = torch.stack([kv[bi, j].float() if j >= 0 else torch.zeros(d) for j in chunk])
                     s = (v @ qv) * torch.tensor(scale, dtype=torch.float32)
                     s = torch.where(torch.tensor(chunk) >= 0, s, torch.tensor(-math.inf))
                     M2 = torch.maximum(M, s.max())
@@ -72,9 +71,9 @@ def _loop_reference(q, kv, sink, ids, scale, tile=TILE) -> torch.Tensor:
 @pytest.mark.parametrize("fn", [sparse_attn, sparse_attn_plain])
 def test_all_absent_row_is_exact_zero(fn):
     q, kv, sink, ids, scale = _random_case(0, K=70)
-    ids[0, 2] = -1                        # one row with every lane absent (two tiles)
+    ids[0, 2] = -1  # one row with every lane absent (two tiles)
     ids[1, 0, :] = -1
-    sink[1] = 30.0                        # a large sink must not matter either
+    sink[1] = 30.0  # a large sink must not matter either
     o = fn(q, kv, sink, ids, scale)
     assert torch.isfinite(o.float()).all()
     assert torch.equal(o[0, 2], torch.zeros_like(o[0, 2]))
@@ -92,9 +91,10 @@ def test_hand_values_sink_in_denominator_and_duplicates():
     # q = 0: every score is 0, so o = sum(v) / (count + e^sink); sink 0 adds exactly 1.
     d = 32
     q = torch.zeros(1, 2, 1, d, dtype=BF16)
-    kv = torch.stack([torch.full((d,), 1.0), torch.full((d,), 2.0),
-                      torch.full((d,), 5.0)]).to(BF16).unsqueeze(0)         # [1,3,d]
-    ids = torch.tensor([[[0, 1, 2], [0, 0, 1]]], dtype=torch.int32)          # row 1: duplicate
+    kv = (
+        torch.stack([torch.full((d,), 1.0), torch.full((d,), 2.0), torch.full((d,), 5.0)]).to(BF16).unsqueeze(0)
+    )  # [1,3,d]
+    ids = torch.tensor([[[0, 1, 2], [0, 0, 1]]], dtype=torch.int32)  # row 1: duplicate
     sink = torch.zeros(1)
     for fn in (sparse_attn, sparse_attn_plain):
         o = fn(q, kv, sink, ids, 0.125)
@@ -128,7 +128,7 @@ def test_tiling_order_and_bf16_probabilities_are_observable():
     kv = torch.zeros(1, 65, d, dtype=BF16)
     kv[0, :64, 1:] = 1.0
     kv[0, 64, 0] = 1.0
-    sink = torch.tensor([-math.inf])       # denominator: lanes only
+    sink = torch.tensor([-math.inf])  # denominator: lanes only
     late = torch.arange(65, dtype=torch.int32).view(1, 1, 65)
     early = torch.cat([late[..., 64:], late[..., :64]], dim=-1)
     e1 = math.exp(-1.0)
@@ -157,7 +157,7 @@ def test_matches_closed_form_and_loop_reference_at_tile_boundaries(K):
 
 def test_duplicate_ids_count_twice_like_the_closed_form():
     q, kv, sink, ids, scale = _random_case(7, K=40, absent=0.0)
-    ids = torch.cat([ids, ids[..., :30]], dim=-1)            # 30 duplicates, K = 70
+    ids = torch.cat([ids, ids[..., :30]], dim=-1)  # 30 duplicates, K = 70
     o = sparse_attn(q, kv, sink, ids, scale)
     assert _floored_ulps(o, _closed_form(q, kv, sink, ids, scale)).max() <= 2.0
     once = sparse_attn(q, kv, sink, ids[..., :40], scale)
@@ -166,13 +166,16 @@ def test_duplicate_ids_count_twice_like_the_closed_form():
 
 def test_plain_variant_is_correctly_rounded_closed_form():
     q, kv, sink, ids, scale = _random_case(3, K=130)
-    ulps = _floored_ulps(sparse_attn_plain(q, kv, sink, ids, scale),
-                         _closed_form(q, kv, sink, ids, scale))
+    ulps = _floored_ulps(sparse_attn_plain(q, kv, sink, ids, scale), _closed_form(q, kv, sink, ids, scale))
     assert ulps.max() <= 0.5 + 1e-3
 
 
 CALIBRATION = [  # (h, d, K, q_scale): flat softmax (q_scale 1) and peaked (4)
-    (4, 128, 12, 1.0), (4, 128, 200, 1.0), (8, 128, 640, 1.0), (4, 128, 200, 4.0)]
+    (4, 128, 12, 1.0),
+    (4, 128, 200, 1.0),
+    (8, 128, 640, 1.0),
+    (4, 128, 200, 4.0),
+]
 
 
 @pytest.mark.parametrize("h,d,K,q_scale", CALIBRATION)
@@ -186,8 +189,7 @@ def test_tiled_vs_plain_calibration(h, d, K, q_scale):
     (up to 6e5 ulps where the output cancels to ~1e-5).
     """
     for seed in range(4):
-        q, kv, sink, ids, scale = _random_case(seed, b=1, m=8, h=h, d=d, n=K + 50, K=K,
-                                               absent=0.0, q_scale=q_scale)
+        q, kv, sink, ids, scale = _random_case(seed, b=1, m=8, h=h, d=d, n=K + 50, K=K, absent=0.0, q_scale=q_scale)
         t = sparse_attn(q, kv, sink, ids, scale)
         p = sparse_attn_plain(q, kv, sink, ids, scale)
         ulps = _floored_ulps(t, p.float())

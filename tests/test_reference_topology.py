@@ -6,8 +6,7 @@ import dataclasses
 
 import pytest
 
-from v41_conformance.reference.config import (PRODUCTION, TINY_A, AttnConfig, layer_roles,
-                                      topology_maps)
+from v41_conformance.reference.config import PRODUCTION, TINY_A, AttnConfig, layer_roles, topology_maps
 from v41_conformance.reference.topology import validate_topology
 
 
@@ -23,8 +22,7 @@ VALID = [
     # window-only layers (-1) in front and between
     ([-1, 1, 1, -1, 1], [-1, 1, 1, -1, 1], [-1, 1, 2, -1, 2], None),
     # config A, with candidates
-    ([-1, 1, 1, 3, 4, 4, 4, 4], [-1, 1, 1, 3, 4, 4, 4, 4], [-1, 1, 1, 3, 4, 4, 6, 6],
-     [-1, -1, -1, -1, 4, -1, 4, -1]),
+    ([-1, 1, 1, 3, 4, 4, 4, 4], [-1, 1, 1, 3, 4, 4, 4, 4], [-1, 1, 1, 3, 4, 4, 6, 6], [-1, -1, -1, -1, 4, -1, 4, -1]),
 ]
 
 
@@ -37,16 +35,19 @@ def test_valid_maps_accepted(main_kv, index_k, index, cand):
 
 INVALID = [
     # index-K source 1 lies in main-KV segment 0 but layer 3's main-KV source is 2
-    (([0, 0, 2, 2], [0, 1, 1, 1], [0, 1, 2, 3], None),
-     "layer 3: index-K source 1 lies in main-KV segment 0 but layer 3's main-KV source is 2"),
+    (
+        ([0, 0, 2, 2], [0, 1, 1, 1], [0, 1, 2, 3], None),
+        "layer 3: index-K source 1 lies in main-KV segment 0 but layer 3's main-KV source is 2",
+    ),
     # index refinement broken: layer 2's index source 1 is in index-K segment 0, layer 2 in 2
-    (([0, 0, 0, 0], [0, 0, 2, 2], [0, 1, 1, 3], None),
-     "layer 2: index source 1 lies in index-K segment 0 but layer 2's index-K source is 2"),
+    (
+        ([0, 0, 0, 0], [0, 0, 2, 2], [0, 1, 1, 3], None),
+        "layer 2: index source 1 lies in index-K segment 0 but layer 2's index-K source is 2",
+    ),
     # source after its reader
     (([0, 2, 2], [0, 2, 2], [0, 2, 2], None), "layer 1: main-KV source 2 runs after layer 1"),
     # source not its own source
-    (([0, 0, 1], [0, 0, 0], [0, 0, 0], None),
-     "layer 2: main-KV source 1 is not its own main-KV source"),
+    (([0, 0, 1], [0, 0, 0], [0, 0, 0], None), "layer 2: main-KV source 1 is not its own main-KV source"),
     # non-contiguous segment: layer 2 reads 0 although layer 1 published in between
     (([0, 1, 0], [0, 1, 0], [0, 1, 0], None), "layer 2: main-KV source 0 is shadowed by layer 1"),
     # length mismatch
@@ -54,14 +55,14 @@ INVALID = [
     # out of range
     (([0, 0, 5], [0, 0, 0], [0, 0, 0], None), "layer 2: main-KV source 5 is not -1"),
     # index source without main-KV coverage
-    (([0, -1, 0], [0, -1, 0], [0, 1, 1], None),
-     "layer 1: has index source 1 but no index-K source"),
+    (([0, -1, 0], [0, -1, 0], [0, 1, 1], None), "layer 1: has index source 1 but no index-K source"),
     # candidate consumer without its own indexer
-    (([0, 0, 0], [0, 0, 0], [0, 0, 2], [0, 0, -1]),
-     "layer 1: takes part in candidates (source 0) but has no indexer"),
+    (([0, 0, 0], [0, 0, 0], [0, 0, 2], [0, 0, -1]), "layer 1: takes part in candidates (source 0) but has no indexer"),
     # candidate source in another index-K segment
-    (([0, 0, 0], [0, 1, 1], [0, 1, 2], [0, -1, 0]),
-     "layer 2: candidate source 0 lies in index-K segment 0 but layer 2's index-K source is 1"),
+    (
+        ([0, 0, 0], [0, 1, 1], [0, 1, 2], [0, -1, 0]),
+        "layer 2: candidate source 0 lies in index-K segment 0 but layer 2's index-K source is 1",
+    ),
 ]
 
 
@@ -83,8 +84,7 @@ def test_every_violation_is_reported():
 
 def test_tiny_a_roles_match_section_12():
     roles = layer_roles(TINY_A)
-    assert [r.mode for r in roles] == ["Window", "Full", "Reuse", "Full", "Full", "Reuse",
-                                       "Reindex", "Reuse"]
+    assert [r.mode for r in roles] == ["Window", "Full", "Reuse", "Full", "Full", "Reuse", "Reindex", "Reuse"]
     assert [r.ratio for r in roles] == [0, 2, 2, 2, 1, 1, 1, 1]
     assert [r.kv_source for r in roles] == [None, 1, 1, 3, 4, 4, 4, 4]
     assert [r.index_source for r in roles] == [None, 1, 1, 3, 4, 4, 6, 6]

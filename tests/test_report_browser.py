@@ -24,14 +24,29 @@ def _browser() -> str:
         found = shutil.which(name)
         if found:
             return found
-    pytest.skip("no Chromium or Chrome on PATH: the report is not checked in a browser here "
-                "(`make browser` installs Chromium on Debian)")
+    pytest.skip(
+        "no Chromium or Chrome on PATH: the report is not checked in a browser here "
+        "(`make browser` installs Chromium on Debian)"
+    )
 
 
 def _run_browser(browser: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           "--no-first-run", f"--user-data-dir={cwd / 'profile'}", *args],
-                          capture_output=True, text=True, timeout=120, cwd=cwd)
+    return subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--no-first-run",
+            f"--user-data-dir={cwd / 'profile'}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
 
 
 def read_png(path: Path) -> tuple[int, int, list[bytes]]:
@@ -40,8 +55,8 @@ def read_png(path: Path) -> tuple[int, int, list[bytes]]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
     pos, chunks, header = 8, [], None
     while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
         if kind == b"IHDR":
             header = struct.unpack(">IIBBBBB", body)
         elif kind == b"IDAT":
@@ -54,7 +69,7 @@ def read_png(path: Path) -> tuple[int, int, list[bytes]]:
     stride = width * channels
     rows, previous = [], bytearray(stride)
     for y in range(height):
-        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
         for x in range(stride):
             left = line[x - channels] if x >= channels else 0
             up, corner = previous[x], previous[x - channels] if x >= channels else 0
@@ -85,8 +100,11 @@ def _has_colour(rows: list[bytes], rgb: tuple[int, int, int], tolerance: int = 2
 def test_report_renders_with_its_pictures_in_a_real_browser(tmp_path):
     browser = _browser()
     report = tmp_path / "rep"
-    doc = run_in_process(report, f"{ROOT}/tests/impls/wrong_attention.py:NoInverseRope",
-                         select=["attention/a-p5-d7-d9-d1x2-gen-upstream", "sparse_attn/*"])
+    doc = run_in_process(
+        report,
+        f"{ROOT}/tests/impls/wrong_attention.py:NoInverseRope",
+        select=["attention/a-p5-d7-d9-d1x2-gen-upstream", "sparse_attn/*"],
+    )
     assert doc["exit_code"] == 1
     page = (report / "report.html").resolve()
     dom = _run_browser(browser, "--dump-dom", page.as_uri(), cwd=tmp_path)

@@ -96,13 +96,17 @@ def test_names():
 
 
 def test_names_are_valid_unique_and_round_trip():
-    schedules = compositions(7) + compositions(9) + [
-        prefill_then_decode(21, 11),
-        speculative(5, [6, 1, 3, 6]),
-        with_rollback(5, [(4, 2), (6, 1), (3, 0), (5, 5)], final_step=2),
-        with_rollback(5, [(4, 3), (4, 3)], final_step=4),
-        ragged(33, [3, 5]),
-    ]
+    schedules = (
+        compositions(7)
+        + compositions(9)
+        + [
+            prefill_then_decode(21, 11),
+            speculative(5, [6, 1, 3, 6]),
+            with_rollback(5, [(4, 2), (6, 1), (3, 0), (5, 5)], final_step=2),
+            with_rollback(5, [(4, 3), (4, 3)], final_step=4),
+            ragged(33, [3, 5]),
+        ]
+    )
     names = [schedule_name(s) for s in schedules]
     assert len(set(names)) == len(schedules)
     for s, name in zip(schedules, names):

@@ -33,8 +33,11 @@ def _run(report_dir: Path, impl: str, select: list[str], **kw) -> dict:
 
 
 def _facts(doc: dict) -> list[dict[str, str]]:
-    return [dict(re.findall(r"(\w+)=(\S+)", c["message"].splitlines()[0])) for c in doc["cases"]
-            if c["component"] == "norm.rms"]
+    return [
+        dict(re.findall(r"(\w+)=(\S+)", c["message"].splitlines()[0]))
+        for c in doc["cases"]
+        if c["component"] == "norm.rms"
+    ]
 
 
 def test_children_are_forked_from_the_preloaded_server_with_the_parents_environment(tmp_path, monkeypatch):
@@ -59,11 +62,23 @@ def test_the_conformance_command_forks_its_fork_server_from_itself(tmp_path):
     """`conformance run` imports torch once: its fork server is a fork of the command (named
     v41-forkserver), not a second interpreter importing torch beside it; a host process that calls
     the CLI (this test process) keeps a fresh-interpreter server."""
-    proc = run_cli("run", "--impl", INTROSPECT, "--select", "norm.rms/*", "-n", "2", "--report-dir",
-                   str(tmp_path / "rep"), fresh=True)
+    proc = run_cli(
+        "run",
+        "--impl",
+        INTROSPECT,
+        "--select",
+        "norm.rms/*",
+        "-n",
+        "2",
+        "--report-dir",
+        str(tmp_path / "rep"),
+        fresh=True,
+    )
     assert proc.returncode == 1, proc.stderr
     facts = _facts(results(tmp_path / "rep"))
-    assert len(facts) == 5 and {f["parent"] for f in facts} == {"forkserver"} and {f["server"] for f in facts} == {"fork"}
+    assert (
+        len(facts) == 5 and {f["parent"] for f in facts} == {"forkserver"} and {f["server"] for f in facts} == {"fork"}
+    )
     assert not list(tmp_path.glob("rep/.run/*"))
     run_cli("run", "--impl", INTROSPECT, "--select", "norm.rms/*", "--report-dir", str(tmp_path / "host"))
     assert {f["server"] for f in _facts(results(tmp_path / "host"))} == {"exec"}
@@ -202,6 +217,7 @@ def test_a_run_lends_cached_inputs_unverified_and_verifies_them_unless_the_answe
     manifest = read_manifest(config.goldens)
     case_id = "linear.fp8/indexer-wq_b-production-3x1280x4096"
     assert run_case(case_id, config, ReferenceAdapter(), "reference", manifest).status == "pass"  # builds the cache
+
     class Mutates(ReferenceAdapter):
         """The reference, then it scribbles over its input weights (and, if asked, its answer)."""
 
@@ -225,5 +241,9 @@ def test_a_run_lends_cached_inputs_unverified_and_verifies_them_unless_the_answe
     for victim in stored:
         victim.write_bytes(b"\1" + victim.read_bytes()[1:])
     damaged = run_case(case_id, config, ReferenceAdapter(), "reference", manifest)
-    assert damaged.status == "error" and "did not match the SHA-256" in damaged.message and "run the case again" in damaged.message
+    assert (
+        damaged.status == "error"
+        and "did not match the SHA-256" in damaged.message
+        and "run the case again" in damaged.message
+    )
     assert run_case(case_id, config, ReferenceAdapter(), "reference", manifest).status == "pass"  # rebuilt

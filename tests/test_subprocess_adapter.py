@@ -42,8 +42,9 @@ def _project(tmp_path, impls: dict):
 def test_c_example_passes_through_the_subprocess_adapter(tmp_path, c_binary, batch):
     config = _project(tmp_path, {"c": {"command": [str(c_binary)], "batch": batch}})
     report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", "c", "--config", str(config), "--report-dir", str(report),
-                   "--select", ",".join(COMPONENTS))
+    proc = run_cli(
+        "run", "--impl", "c", "--config", str(config), "--report-dir", str(report), "--select", ",".join(COMPONENTS)
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = results(report)
     assert {doc["components"][c]["verdict"] for c in COMPONENTS} == {"pass"}
@@ -58,27 +59,56 @@ def test_c_example_lists_its_components(c_binary):
 def test_programs_that_break_the_protocol_are_errors_and_the_run_goes_on(tmp_path):
     script = tmp_path / "broken.py"
     script.write_text(BROKEN)
-    config = _project(tmp_path, {
-        "broken-batch": {"command": [sys.executable, str(script)], "batch": True},
-        "broken-single": {"command": [sys.executable, str(script)], "batch": False},
-    })
+    config = _project(
+        tmp_path,
+        {
+            "broken-batch": {"command": [sys.executable, str(script)], "batch": True},
+            "broken-single": {"command": [sys.executable, str(script)], "batch": False},
+        },
+    )
     report = tmp_path / "batch"
-    proc = run_cli("run", "--impl", "broken-batch", "--config", str(config), "--report-dir", str(report),
-                   "--select", ",".join(COMPONENTS), "--no-isolate")
+    proc = run_cli(
+        "run",
+        "--impl",
+        "broken-batch",
+        "--config",
+        str(config),
+        "--report-dir",
+        str(report),
+        "--select",
+        ",".join(COMPONENTS),
+        "--no-isolate",
+    )
     assert proc.returncode == 1
     doc = results(report)
     got = statuses(doc)
     assert {got[c] for c in got if c.startswith("quant.e2m1/")} == {"error"}
     assert {got[c] for c in got if c.startswith("address.decode/")} == {"unsupported"}
     messages = {c["id"]: c["message"] for c in doc["cases"]}
-    assert "broke the protocol" in messages["quant.e2m1/midpoints"] and "Traceback" not in messages["quant.e2m1/midpoints"]
+    assert (
+        "broke the protocol" in messages["quant.e2m1/midpoints"] and "Traceback" not in messages["quant.e2m1/midpoints"]
+    )
     assert any("exited" in messages[c] for c in got if c.startswith("quant.fp4_e8m0/"))
     report = tmp_path / "single"
-    proc = run_cli("run", "--impl", "broken-single", "--config", str(config), "--report-dir", str(report),
-                   "--select", "quant.e2m1", "--no-isolate")
+    proc = run_cli(
+        "run",
+        "--impl",
+        "broken-single",
+        "--config",
+        str(config),
+        "--report-dir",
+        str(report),
+        "--select",
+        "quant.e2m1",
+        "--no-isolate",
+    )
     assert proc.returncode == 1
     case = results(report)["cases"][0]
-    assert case["status"] == "error" and "exited with code 7" in case["message"] and "segment table corrupt" in case["message"]
+    assert (
+        case["status"] == "error"
+        and "exited with code 7" in case["message"]
+        and "segment table corrupt" in case["message"]
+    )
 
 
 def test_a_missing_program_is_a_usage_error(tmp_path):

@@ -31,8 +31,16 @@ def fresh_clone(tmp_path):
 def test_the_cheap_production_cases_rebuild_to_their_pinned_hashes(fresh_clone, capability, monkeypatch):
     if capability:
         monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
-    proc = run_cli("generate", "--tier", "production", "--check", "--select", CHEAP, "--config",
-                   str(fresh_clone / "conformance.yaml"))
+    proc = run_cli(
+        "generate",
+        "--tier",
+        "production",
+        "--check",
+        "--select",
+        CHEAP,
+        "--config",
+        str(fresh_clone / "conformance.yaml"),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "5 identical, 0 drifted" in proc.stdout
     assert not list((fresh_clone / "goldens" / "production").glob("*/*.safetensors"))  # --check writes nothing
@@ -40,8 +48,20 @@ def test_the_cheap_production_cases_rebuild_to_their_pinned_hashes(fresh_clone, 
 
 def test_a_run_names_the_command_that_builds_a_missing_production_golden(fresh_clone, tmp_path):
     report = tmp_path / "rep"
-    proc = run_cli("run", "--impl", "reference", "--tier", "production", "--select", "indexer/r2-*",
-                   "--config", str(fresh_clone / "conformance.yaml"), "--report-dir", str(report), "--no-isolate")
+    proc = run_cli(
+        "run",
+        "--impl",
+        "reference",
+        "--tier",
+        "production",
+        "--select",
+        "indexer/r2-*",
+        "--config",
+        str(fresh_clone / "conformance.yaml"),
+        "--report-dir",
+        str(report),
+        "--no-isolate",
+    )
     assert proc.returncode == 1
     case = results(report)["cases"][0]
     assert case["status"] == "error"
@@ -56,16 +76,40 @@ def test_built_production_goldens_are_checked_against_the_pinned_hashes(fresh_cl
     manifest = (fresh_clone / "goldens" / "production" / "MANIFEST.json").read_text()
     assert manifest == (ROOT / "goldens" / "production" / "MANIFEST.json").read_text()  # nothing moved
     report = tmp_path / "rep"
-    run = run_cli("run", "--impl", "reference", "--tier", "production", "--select", "indexer/*", "--config", config,
-                  "--report-dir", str(report), "--no-isolate")
+    run = run_cli(
+        "run",
+        "--impl",
+        "reference",
+        "--tier",
+        "production",
+        "--select",
+        "indexer/*",
+        "--config",
+        config,
+        "--report-dir",
+        str(report),
+        "--no-isolate",
+    )
     assert run.returncode == 0, run.stdout
     assert set(statuses(results(report)).values()) == {"pass"}
     golden = next((fresh_clone / "goldens" / "production" / "indexer").glob("*.safetensors"))
     data = bytearray(golden.read_bytes())
     data[-1] ^= 0xFF
     golden.write_bytes(bytes(data))
-    run = run_cli("run", "--impl", "reference", "--tier", "production", "--select", "indexer/*", "--config", config,
-                  "--report-dir", str(report), "--no-isolate")
+    run = run_cli(
+        "run",
+        "--impl",
+        "reference",
+        "--tier",
+        "production",
+        "--select",
+        "indexer/*",
+        "--config",
+        config,
+        "--report-dir",
+        str(report),
+        "--no-isolate",
+    )
     assert run.returncode == 1 and "does not match MANIFEST.json" in run.stdout
 
 

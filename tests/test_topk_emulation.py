@@ -43,8 +43,12 @@ needs_libstdcxx = pytest.mark.skipif(
 )
 INF, NAN = math.inf, math.nan
 _FLOAT_DTYPES = [torch.float32, torch.float32, torch.bfloat16, torch.float16, torch.float64]
-_BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32,
-         torch.float64: torch.int64}
+_BITS = {
+    torch.bfloat16: torch.int16,
+    torch.float16: torch.int16,
+    torch.float32: torch.int32,
+    torch.float64: torch.int64,
+}
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -63,6 +67,7 @@ def _check(x: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted:
 
 
 # ---------------------------------------------------------------------------- row generators
+
 
 def _row(rng: np.random.Generator, n: int) -> np.ndarray:
     """One tie-heavy row [n] float64 (doc §5 generator, plus NaN / ±0 / +inf sprinkles)."""
@@ -110,6 +115,7 @@ def _pick_n(rng: np.random.Generator) -> int:
 
 # ---------------------------------------------------------------------------- random rows
 
+
 @needs_libstdcxx
 @pytest.mark.parametrize("seed", range(8))
 def test_random_tie_heavy_rows_match_torch(seed: int) -> None:
@@ -135,14 +141,12 @@ def test_branch_threshold_neighbourhood(k: int) -> None:
 
 
 @needs_libstdcxx
-@pytest.mark.parametrize(
-    "n,k", [(16384, 256), (16384, 257), (16384, 2048), (65536, 512), (65536, 1024), (65536, 1025)]
-)
+@pytest.mark.parametrize("n,k", [(16384, 256), (16384, 257), (16384, 2048), (65536, 512), (65536, 1024), (65536, 1025)])
 def test_large_rows(n: int, k: int) -> None:
     rng = np.random.default_rng(n + k)
     x = torch.from_numpy(rng.standard_normal(n)).to(torch.bfloat16)
     x[torch.from_numpy(rng.random(n) < 0.3)] = -INF
-    x[:: 97] = 0.0
+    x[::97] = 0.0
     _check(x, k, sorted=bool(k % 2))
 
 
@@ -172,6 +176,7 @@ def test_integer_dtypes(dtype: torch.dtype) -> None:
 
 # ---------------------------------------------------------------------------- layouts
 
+
 @needs_libstdcxx
 @pytest.mark.parametrize("n", [7, 100, 640, 1000])
 def test_dims_batches_and_views(n: int) -> None:
@@ -194,6 +199,7 @@ def test_dims_batches_and_views(n: int) -> None:
 
 
 # ---------------------------------------------------------------------------- antiqsort
+
 
 @needs_libstdcxx
 @pytest.mark.parametrize("target", ["select", "sort"])
@@ -237,6 +243,7 @@ def test_random_rows_do_not_reach_fallbacks_but_adversary_does() -> None:
 
 # ---------------------------------------------------------------------------- documented examples
 
+
 def _ids(x: torch.Tensor, k: int, **kw) -> list[int]:
     return emulate_topk(x, k, **kw)[1].tolist()
 
@@ -244,7 +251,23 @@ def _ids(x: torch.Tensor, k: int, **kw) -> list[int]:
 def test_documented_examples() -> None:
     """docs/topk-tie-order.md §3 and v41-reference.md §7, as recorded from torch 2.13 CPU."""
     assert _ids(torch.full((1000,), -INF), 16) == [
-        664, 671, 670, 669, 668, 667, 666, 665, 660, 657, 658, 659, 662, 663, 672, 661]
+        664,
+        671,
+        670,
+        669,
+        668,
+        667,
+        666,
+        665,
+        660,
+        657,
+        658,
+        659,
+        662,
+        663,
+        672,
+        661,
+    ]
     assert _ids(torch.full((640,), -INF), 10) == [8, 9, 4, 7, 5, 3, 1, 0, 2, 6]
     x = torch.full((1000,), -INF)
     x[[3, 500, 999]] = 0.0
@@ -260,8 +283,13 @@ def test_documented_examples() -> None:
 def test_documented_examples_match_torch() -> None:
     x = torch.full((1000,), -INF)
     x[[3, 500, 999]] = 0.0
-    for t, k in ((torch.full((1000,), -INF), 16), (torch.full((640,), -INF), 10), (x, 5),
-                 (torch.zeros(20, dtype=torch.bfloat16), 4), (torch.zeros(300, dtype=torch.bfloat16), 4)):
+    for t, k in (
+        (torch.full((1000,), -INF), 16),
+        (torch.full((640,), -INF), 10),
+        (x, 5),
+        (torch.zeros(20, dtype=torch.bfloat16), 4),
+        (torch.zeros(300, dtype=torch.bfloat16), 4),
+    ):
         _check(t, k)
     y = torch.tensor([1.0, NAN, 2.0, NAN, INF])
     _check(y, 3)
@@ -269,6 +297,7 @@ def test_documented_examples_match_torch() -> None:
 
 
 # ---------------------------------------------------------------------------- edge cases
+
 
 def test_signed_zero_and_nan_values_come_back_as_torch_writes_them() -> None:
     x = torch.tensor([-0.0, 0.0, -0.0, 1.0])
@@ -311,6 +340,7 @@ def test_unsupported_dtype_and_dim_errors(topk) -> None:
 
 
 # ---------------------------------------------------------------------------- array path vs list path
+
 
 def _key_row(rng: np.random.Generator, n: int) -> np.ndarray:
     """float64 keys [n], NaN-free as make_keys leaves them, tie-heavy in different ways."""
@@ -387,6 +417,7 @@ def test_order_from_keys_on_arrays_checks_its_keys() -> None:
 
 
 # ---------------------------------------------------------------------------- probe and dispatcher
+
 
 def _stable_sort_topk(x: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
     """A top-k that keeps tied elements in index order: torch.topk as another platform might be."""

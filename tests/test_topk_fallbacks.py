@@ -68,6 +68,7 @@ SET_CHANGES = {
 
 # ---------------------------------------------------------------------------------- mutants
 
+
 def _stable_select_array(K, I, first, middle, last):
     """__heap_select done as a stable selection: the best middle-first, lowest slot first among ties
     (stored worst first, so the caller's swap still puts the worst kept at nth)."""
@@ -113,6 +114,7 @@ def _mutant_reaches(mutant: str, name: str) -> bool:
 
 # ---------------------------------------------------------------------------------- helpers
 
+
 def _case_names() -> list[str]:
     spec = yaml.safe_load(CASES_FILE.read_text())
     assert spec["component"] == COMPONENT
@@ -148,6 +150,7 @@ def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], wh
 
 
 # ---------------------------------------------------------------------------------- tests
+
 
 def test_every_case_of_the_file_has_its_branches_named() -> None:
     assert sorted(NAMES) == sorted(REACHES)
@@ -223,6 +226,7 @@ def test_adversarial_levels_stay_distinct_and_exact(dtype: torch.dtype) -> None:
 
 
 # ---------------------------------------------------------------------------------- fuzz space
+
 
 def _fuzz_branches(index: int) -> set[str]:
     """The counted branches draw `index` of fuzz seed 0 reaches (only cheap draws are built: adversarial

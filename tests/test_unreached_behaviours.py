@@ -31,8 +31,10 @@ MANIFEST = read_manifest(CONFIG.goldens)
 
 ATTENTION_T1 = "attention/single-compressed-row-chunks-1-1-1-upstream"
 INDEXER_T1 = ["indexer/t1-r1-prefill-s1", "indexer/t1-r2-decode-start1", "indexer/t1-r2-prefill-s3-b2"]
-RESTORE_LAST_ROW = ["candidates.restore/last-row-lab-full-mask",
-                    "candidates.restore/last-row-mask-form-s4-w12-b4-offset5"]
+RESTORE_LAST_ROW = [
+    "candidates.restore/last-row-lab-full-mask",
+    "candidates.restore/last-row-mask-form-s4-w12-b4-offset5",
+]
 NEW = {ATTENTION_T1, *INDEXER_T1, *RESTORE_LAST_ROW}
 
 
@@ -85,8 +87,12 @@ def attention_index_rows(case_id: str) -> list[tuple[int, int, int]]:
     params: T = end // ratio (reference.attention._select); T == 0 skips the indexer."""
     params = golden(case_id).meta["params"]
     cfg = AttnConfig.from_dict(params["config"])
-    return [(step, role.layer, end // role.ratio) for step, (_, end) in enumerate(params["schedule"])
-            for role in layer_roles(cfg) if role.ratio and role.is_index_source]
+    return [
+        (step, role.layer, end // role.ratio)
+        for step, (_, end) in enumerate(params["schedule"])
+        for role in layer_roles(cfg)
+        if role.ratio and role.is_index_source
+    ]
 
 
 def indexer_rows(case_id: str) -> int:
@@ -164,8 +170,14 @@ def test_single_row_skipped_fails_the_attention_golden_at_its_first_one_row_step
     result = judge(SingleRowSkipped(), ATTENTION_T1)
     assert result.status in ("fail", "error") and result.first_divergent_stage == "s00.l4.compressed_ids"
     assert "output 's00.l4.compressed_ids': shape [1, 1, 0] != expected [1, 1, 1]" in result.message
-    assert {"s00.l4.compressed_ids", "s00.l6.compressed_ids", "s01.l1.compressed_ids", "s01.l3.compressed_ids",
-            "s02.l1.compressed_ids", "s02.l3.compressed_ids"} <= set(failing(result))  # both ratios
+    assert {
+        "s00.l4.compressed_ids",
+        "s00.l6.compressed_ids",
+        "s01.l1.compressed_ids",
+        "s01.l3.compressed_ids",
+        "s02.l1.compressed_ids",
+        "s02.l3.compressed_ids",
+    } <= set(failing(result))  # both ratios
 
 
 def test_single_pick_squeezed_fails_the_attention_golden_at_step_0():
@@ -198,9 +210,11 @@ def test_last_row_clamped_fails_each_restore_golden_on_the_last_row_lanes(case_i
 
 # (not swept over the older attention goldens, 15 s of make test: that none of them has a one-row index
 # step is shown structurally above, test_no_older_attention_golden_has_an_index_step_with_one_compressed_row)
-@pytest.mark.parametrize("mutant, component", [(SinglePickSqueezed, "indexer"), (SinglePickSqueezed, "indexer.select"),
-                                               (LastRowClamped, "candidates.restore")],
-                         ids=lambda v: v if isinstance(v, str) else v.__name__)
+@pytest.mark.parametrize(
+    "mutant, component",
+    [(SinglePickSqueezed, "indexer"), (SinglePickSqueezed, "indexer.select"), (LastRowClamped, "candidates.restore")],
+    ids=lambda v: v if isinstance(v, str) else v.__name__,
+)
 def test_every_mutant_passes_every_older_golden_of_the_component(mutant, component):
     statuses = {case_id: judge(mutant(), case_id).status for case_id in older(component)}
     assert statuses and set(statuses.values()) == {"pass"}, statuses

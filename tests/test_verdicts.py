@@ -67,11 +67,13 @@ def test_wrong_tables_still_fail_on_the_output_that_is_wrong(impl):
 @pytest.mark.parametrize("capability", ["default", "avx2", "avx512"])
 def test_torch_tables_pass_with_every_aten_cpu_capability(capability):
     """ATen picks scalar, AVX2 or AVX-512 kernels at start-up; each must pass (where the CPU has it)."""
-    code = ("import sys, torch; sys.path[:0] = ['tests', 'tests/impls'];"
-            "print(torch.backends.cpu.get_cpu_capability());"
-            "from test_verdicts import run, TABLE_CASES; from impls import rope_tables as t;"
-            "bad = [(c, i.__name__) for i in (t.TorchPolar, t.TorchCosSin) for c in TABLE_CASES"
-            " if run(i(), c).status != 'pass']; print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, torch; sys.path[:0] = ['tests', 'tests/impls'];"
+        "print(torch.backends.cpu.get_cpu_capability());"
+        "from test_verdicts import run, TABLE_CASES; from impls import rope_tables as t;"
+        "bad = [(c, i.__name__) for i in (t.TorchPolar, t.TorchCosSin) for c in TABLE_CASES"
+        " if run(i(), c).status != 'pass']; print(bad); sys.exit(1 if bad else 0)"
+    )
     env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     used = proc.stdout.split("\n", 1)[0].strip().lower()
@@ -111,7 +113,7 @@ def _verdict(fmt, x, actual_of, expected_of, encoding, ulps=2.0):
 
 def test_an_element_next_to_an_e4m3_midpoint_may_round_either_way():
     # amax 3 -> scale 2^-7; element 1 sits exactly on the e4m3 midpoint 1.0625 * 2^-7 (ties to 1.0)
-    x = _block([3.0, 1.0625 * 2 ** -7], 32)
+    x = _block([3.0, 1.0625 * 2**-7], 32)
     ref, other = _fp8_outputs(x), _fp8_outputs(_bump(x, 1, +1))  # the value one bf16 ulp higher
     for encoding in ("values", "codes"):
         v = _verdict(FP8, x, other, ref, encoding)
@@ -122,12 +124,12 @@ def test_an_element_next_to_an_e4m3_midpoint_may_round_either_way():
 
 
 def test_two_steps_or_a_value_far_from_the_boundary_is_a_mismatch():
-    x = _block([3.0, 1.0625 * 2 ** -7, 1.5 * 2 ** -7], 32)
+    x = _block([3.0, 1.0625 * 2**-7, 1.5 * 2**-7], 32)
     ref = _fp8_outputs(x)
     two_steps = dict(ref, values=ref["values"].clone())
-    two_steps["values"][0, 1] = 1.25 * 2 ** -7  # 2 e4m3 steps from 1.0
+    two_steps["values"][0, 1] = 1.25 * 2**-7  # 2 e4m3 steps from 1.0
     far = dict(ref, values=ref["values"].clone())
-    far["values"][0, 2] = 1.625 * 2 ** -7  # element 2 is an exact grid value, nowhere near a boundary
+    far["values"][0, 2] = 1.625 * 2**-7  # element 2 is an exact grid value, nowhere near a boundary
     for wrong in (two_steps, far):
         v = _verdict(FP8, x, wrong, ref, "values")
         assert v.mismatched == 1 and v.flips == 0 and "first mismatch: element" in v.describe()
@@ -162,18 +164,19 @@ def test_the_rope_tail_is_judged_by_its_pairs_norm():
     x = torch.tensor([[1.0, 0.001, 0.5, 0.001]], dtype=torch.bfloat16)
     plain, tail = pre_tolerance(x, 1.0), pre_tolerance(x, 1.0, tail=2)
     assert torch.equal(plain[0, :2], tail[0, :2])
-    assert float(tail[0, 3]) == float(tail[0, 2]) == 2.0 ** -8  # bf16 ulp of |(0.5, 0.001)| ~ 0.5
+    assert float(tail[0, 3]) == float(tail[0, 2]) == 2.0**-8  # bf16 ulp of |(0.5, 0.001)| ~ 0.5
 
 
 def test_boundary_flips_are_counted_accepted_and_can_be_made_strict():
-    x = _block([3.0, 1.0625 * 2 ** -7], 32)
+    x = _block([3.0, 1.0625 * 2**-7], 32)
     ref, other = _fp8_outputs(x), _fp8_outputs(_bump(x, 1, +1))
     policy = Policy("quantised", quant="fp8_ue8m0", pre="pre", boundary_ulps=2)
     verdict = compare_output("y", ref["values"], other["values"], policy, {"pre": x})
     assert verdict.ok and verdict.metrics["boundary_flips"] == 1
     assert "only at rounding boundaries (accepted by policy)" in verdict.message
-    strict = compare_output("y", ref["values"], other["values"], Policy(**{**policy.__dict__, "accept_boundary": False}),
-                            {"pre": x})
+    strict = compare_output(
+        "y", ref["values"], other["values"], Policy(**{**policy.__dict__, "accept_boundary": False}), {"pre": x}
+    )
     assert not strict.ok and strict.metrics["boundary_flips"] == 1
 
 
@@ -186,7 +189,7 @@ def test_strict_boundaries_comes_from_the_implementation_entry():
 
 # --- near ties of index outputs ---------------------------------------------------------------
 
-SCORES = torch.tensor([[3.0, 2.0, 2.0 - 2.0 ** -7, 1.0]])  # id 2 is one bf16 ulp below the k-th score
+SCORES = torch.tensor([[3.0, 2.0, 2.0 - 2.0**-7, 1.0]])  # id 2 is one bf16 ulp below the k-th score
 
 
 def test_a_pick_within_one_ulp_of_the_kth_score_is_a_near_tie():
@@ -203,16 +206,19 @@ def test_near_ties_fail_by_default_and_pass_with_accept_near_ties():
     expected, near = torch.tensor([[0, 1]]), torch.tensor([[0, 2]])
     default = compare_output("ids", expected, near, policy, {"s": SCORES})
     assert not default.ok and default.metrics["rows_near_tie"] == 1 and "1 near tie, 0 miss" in default.message
-    accepted = compare_output("ids", expected, near, Policy(**{**policy.__dict__, "accept_near_ties": True}), {"s": SCORES})
+    accepted = compare_output(
+        "ids", expected, near, Policy(**{**policy.__dict__, "accept_near_ties": True}), {"s": SCORES}
+    )
     assert accepted.ok and "near ties accepted by policy" in accepted.message
 
 
 def test_a_near_score_past_the_visible_prefix_is_a_miss():
     """A selection that reads one row past the query's prefix picks an id whose stored score is
     close to the k-th: the id limit makes it a miss, never a near tie."""
-    scores = torch.tensor([[3.0, 2.0, 1.0, 2.0 - 2.0 ** -7]])
-    v = classify_index_rows(torch.tensor([[0, 1]]), torch.tensor([[0, 3]]), scores, order="set", near_ulps=1,
-                            id_limit=torch.tensor([3]))
+    scores = torch.tensor([[3.0, 2.0, 1.0, 2.0 - 2.0**-7]])
+    v = classify_index_rows(
+        torch.tensor([[0, 1]]), torch.tensor([[0, 3]]), scores, order="set", near_ulps=1, id_limit=torch.tensor([3])
+    )
     assert v.miss == 1 and v.near == 0 and v.violations["out_of_range"] == 1
 
 
@@ -250,8 +256,9 @@ class NegativeZeroFirst:
     def run(self, component, inputs, params):
         v = inputs["values"]
         key = torch.where((v == 0) & torch.signbit(v), torch.tensor(-1e-300, dtype=torch.float64), v.double())
-        _, idx = torch.topk(key, int(params["k"]), largest=bool(params.get("largest", True)),
-                            sorted=bool(params.get("sorted", True)))
+        _, idx = torch.topk(
+            key, int(params["k"]), largest=bool(params.get("largest", True)), sorted=bool(params.get("sorted", True))
+        )
         return {"values": torch.gather(v, -1, idx), "indices": idx}
 
 
@@ -308,7 +315,7 @@ def test_a_query_value_on_an_fp4_boundary_is_explained_not_failed():
     from impls.gate_float64 import BareFloat64, Float64
 
     golden = _fresh_indexer_golden("r1-prefill-s21", "calibration-3")
-    result = _judge(BareFloat64(), golden)   # no index_q returned: the flip is searched for
+    result = _judge(BareFloat64(), golden)  # no index_q returned: the flip is searched for
     assert result.status == "pass" and result.boundary_flips == 1, result.message
     assert "of the fp4 query" in result.boundary_example and "query row [0, 20]" in result.boundary_example
     assert "judged against the reference recomputed with" in result.outputs["scores"]["note"]
@@ -338,7 +345,7 @@ def test_a_wrong_query_scale_is_not_explained_by_boundary_flips():
     from impls.gate import bare
 
     golden = _fresh_indexer_golden("r1-prefill-s21", "calibration-3")
-    for impl in (FlooredQueryScale(), bare(FlooredQueryScale)()):   # given its query, and searched for flips
+    for impl in (FlooredQueryScale(), bare(FlooredQueryScale)()):  # given its query, and searched for flips
         result = _judge(impl, golden)
         assert result.status == "fail" and result.boundary_flips == 0
         assert "output 'scores': not close" in result.message and result.first_divergent_stage == "scores"
@@ -363,8 +370,7 @@ def test_a_rotated_pair_that_cancels_may_move_by_the_fp32_products_rounding():
     assert result.status == "fail" and "output 'main_rope'" in result.message
 
 
-@pytest.mark.parametrize("impl", __import__("impls.rope_rotations", fromlist=["WRONG"]).WRONG,
-                         ids=lambda c: c.__name__)
+@pytest.mark.parametrize("impl", __import__("impls.rope_rotations", fromlist=["WRONG"]).WRONG, ids=lambda c: c.__name__)
 def test_a_rotation_off_by_a_bf16_ulp_of_its_pair_still_fails(impl):
     failed = {}
     for case_id in ROTATION_CASES:

@@ -38,8 +38,16 @@ CASES = _smallest_case_of_each_component()
 
 # name: (what replaces the output, the kind of error, what the message says of it)
 WRONG = {
-    "list": (lambda t: t.reshape(-1).tolist(), "type error", "is a list, not a tensor|expected a torch.Tensor, got list"),
-    "numpy": (lambda t: t.float().numpy(), "type error", "is a ndarray, not a tensor|expected a torch.Tensor, got ndarray"),
+    "list": (
+        lambda t: t.reshape(-1).tolist(),
+        "type error",
+        "is a list, not a tensor|expected a torch.Tensor, got list",
+    ),
+    "numpy": (
+        lambda t: t.float().numpy(),
+        "type error",
+        "is a ndarray, not a tensor|expected a torch.Tensor, got ndarray",
+    ),
     "None": (lambda t: None, "type error", "is a NoneType, not a tensor|expected a torch.Tensor, got NoneType"),
     "number": (lambda t: 3, "type error", "is a int, not a tensor|expected a torch.Tensor, got int"),
     "device": (lambda t: torch.empty_like(t, device="meta"), "device error|exception", "meta"),
@@ -91,7 +99,17 @@ def test_a_state_handed_back_in_another_layout_is_a_dtype_error_at_its_step():
 def test_the_gpu_checks_left_on_device_step_holds_without_a_gpu(tmp_path):
     """examples/cuda/gpu_check.sh, step left-on-gpu, with `meta` standing for the GPU: a whole run
     (isolation children included) makes each case a device error and finishes."""
-    proc = subprocess.run([sys.executable, str(ROOT / "examples/cuda/left_on_device_check.py"), str(tmp_path / "rep"),
-                           "--device", "meta"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples/cuda/left_on_device_check.py"),
+            str(tmp_path / "rep"),
+            "--device",
+            "meta",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "left on meta: each a device error" in proc.stdout

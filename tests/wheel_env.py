@@ -28,8 +28,11 @@ MANIFEST = read_manifest(ROOT / "goldens")
 def _ignored(folder: str, names: list[str]) -> list[str]:
     here = Path(folder)
     built = here.name == "production" and here.parent.name == "goldens"  # locally built production goldens
-    return [n for n in names if n in ("__pycache__", ".manifest.lock") or n.endswith(".egg-info")
-            or (built and (here / n).is_dir())]
+    return [
+        n
+        for n in names
+        if n in ("__pycache__", ".manifest.lock") or n.endswith(".egg-info") or (built and (here / n).is_dir())
+    ]
 
 
 def _copy_sources(dest: Path) -> None:
@@ -77,10 +80,29 @@ def installed(tmp_path_factory) -> Installed:
     wheel = _build("build_wheel", next(unpacked.iterdir()), dist)  # the wheel is built from the sdist
     venv.EnvBuilder(with_pip=False).create(root / "env")
     env_python = root / "env" / "bin" / "python"
-    site = subprocess.run([str(env_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(env_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     Path(site, "_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(env_python), "install", "-q", "--no-deps",
-                           "--no-index", str(wheel)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(env_python),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return Installed(root, sdist, wheel)

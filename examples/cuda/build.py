@@ -26,8 +26,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "fp4_quant.cu"
 LIBRARY = "libconformance_fp4.so"
-LAUNCHERS = ("conformance_fp4_e8m0", "conformance_fp4_e4m3", "conformance_e2m1", "conformance_cuda_error_string",
-             "conformance_fp4_host", "conformance_e2m1_host")
+LAUNCHERS = (
+    "conformance_fp4_e8m0",
+    "conformance_fp4_e4m3",
+    "conformance_e2m1",
+    "conformance_cuda_error_string",
+    "conformance_fp4_host",
+    "conformance_e2m1_host",
+)
 
 
 class BuildError(RuntimeError):

@@ -81,8 +81,10 @@ class CudaImpl:
             raise ValueError(f"CudaImpl does not implement {component!r}; supported: {', '.join(self.COMPONENTS)}")
         x = inputs["v"] if component == "quant.e2m1" else inputs["x"]
         if x.device.type != "cuda":
-            raise RuntimeError(f"CudaImpl runs CUDA kernels and got a {x.device.type} tensor: "
-                               "use `conformance run --device cuda` on a GPU machine")
+            raise RuntimeError(
+                f"CudaImpl runs CUDA kernels and got a {x.device.type} tensor: "
+                "use `conformance run --device cuda` on a GPU machine"
+            )
         lib = self._library()
         device = x.device.index if x.device.index is not None else torch.cuda.current_device()
         stream = ctypes.c_void_p(torch.cuda.current_stream(x.device).cuda_stream)
@@ -90,18 +92,22 @@ class CudaImpl:
             v = x.float().contiguous()
             codes = torch.empty(v.shape, dtype=torch.uint8, device=v.device)
             y = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-            self._check(lib.conformance_e2m1(device, v.data_ptr(), codes.data_ptr(), y.data_ptr(), v.numel(), stream),
-                        component)
+            self._check(
+                lib.conformance_e2m1(device, v.data_ptr(), codes.data_ptr(), y.data_ptr(), v.numel(), stream), component
+            )
             return {"codes": codes, "y": y}
         block = self.BLOCKS[component]
         if x.dtype != torch.bfloat16 or x.shape[-1] % block:
-            raise ValueError(f"{component}: wants bf16 [..., D] with D a multiple of {block}; "
-                             f"got {x.dtype} {tuple(x.shape)}")
+            raise ValueError(
+                f"{component}: wants bf16 [..., D] with D a multiple of {block}; got {x.dtype} {tuple(x.shape)}"
+            )
         x = x.contiguous()
         y = torch.empty_like(x)
         codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
         scale_bytes = torch.empty((*x.shape[:-1], x.shape[-1] // block), dtype=torch.uint8, device=x.device)
         launch = lib.conformance_fp4_e4m3 if component == "quant.fp4_e4m3" else lib.conformance_fp4_e8m0
-        self._check(launch(device, x.data_ptr(), y.data_ptr(), codes.data_ptr(), scale_bytes.data_ptr(), x.numel(),
-                           stream), component)
+        self._check(
+            launch(device, x.data_ptr(), y.data_ptr(), codes.data_ptr(), scale_bytes.data_ptr(), x.numel(), stream),
+            component,
+        )
         return {"y": y, "codes": codes, "scale_bytes": scale_bytes}

@@ -37,8 +37,10 @@ def judged(name: str, report_dir: Path, returncode: int) -> bool:
     doc = json.loads((report_dir / "results.json").read_text())
     bad = [f"{c['id']}: {c['status']}: {c['message'][:200]}" for c in doc["cases"] if c["status"] != "pass"]
     children = doc.get("children") or {}
-    print(f"{name}: exit {returncode}, {len(doc['cases']) - len(bad)}/{len(doc['cases'])} passed; children: "
-          f"{children.get('start')}, the server {children.get('server')}: {children.get('why')}")
+    print(
+        f"{name}: exit {returncode}, {len(doc['cases']) - len(bad)}/{len(doc['cases'])} passed; children: "
+        f"{children.get('start')}, the server {children.get('server')}: {children.get('why')}"
+    )
     for line in bad:
         print(f"  {line}")
     return returncode == 0 and not bad and len(doc["cases"]) > 0 and children.get("server") == "a fresh interpreter"
@@ -48,13 +50,30 @@ def main(out: str) -> int:
     out_dir = Path(out).resolve()
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "conftest.py").write_text(CONFTEST)
-        plugin = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--conformance-impl", IMPL,
-                                 "--conformance-device", "cuda", "--conformance-select", SELECT,
-                                 "--conformance-report-dir", str(out_dir / "plugin")], cwd=folder)
+        plugin = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "--conformance-impl",
+                IMPL,
+                "--conformance-device",
+                "cuda",
+                "--conformance-select",
+                SELECT,
+                "--conformance-report-dir",
+                str(out_dir / "plugin"),
+            ],
+            cwd=folder,
+        )
     ok = judged("plugin after a conftest's torch.cuda.is_available()", out_dir / "plugin", plugin.returncode)
     cli = subprocess.run([sys.executable, "-c", CLI, IMPL, SELECT, str(out_dir / "cli")], cwd=ROOT)
-    ok = judged("conformance run -n 2 after torch.cuda.is_available() in its process", out_dir / "cli",
-                cli.returncode) and ok
+    ok = (
+        judged("conformance run -n 2 after torch.cuda.is_available() in its process", out_dir / "cli", cli.returncode)
+        and ok
+    )
     print("children used CUDA after the driver was initialised first" if ok else "UNEXPECTED")
     return 0 if ok else 1
 

@@ -26,11 +26,30 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     env = {**os.environ, "CONFORMANCE_TEST_DEVICE": args.device}
-    proc = subprocess.run([sys.executable, "-m", "v41_conformance", "run", "--impl", "tests/impls/wrong.py:LeftOnDevice",
-                           "--select", SELECT, "--report-dir", args.report_dir], cwd=ROOT, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "v41_conformance",
+            "run",
+            "--impl",
+            "tests/impls/wrong.py:LeftOnDevice",
+            "--select",
+            SELECT,
+            "--report-dir",
+            args.report_dir,
+        ],
+        cwd=ROOT,
+        env=env,
+    )
     cases = json.loads((Path(args.report_dir) / "results.json").read_text())["cases"]
-    wrong = [c for c in cases if not (c["status"] == "error" and c["kind"] == "device error"
-                                      and f"tensor is on {args.device}" in c["message"])]
+    wrong = [
+        c
+        for c in cases
+        if not (
+            c["status"] == "error" and c["kind"] == "device error" and f"tensor is on {args.device}" in c["message"]
+        )
+    ]
     for case in wrong:
         print(f"{case['id']}: {case['status']} {case['kind']} {case['message'][:200]}")
     components = {c["id"].split("/")[0] for c in cases}

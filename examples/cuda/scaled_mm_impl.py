@@ -32,8 +32,9 @@ def _padded(t: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros(extra, *t.shape[1:])]) if extra else t
 
 
-def tensor_core_fp8_linear(x: torch.Tensor, w_codes: torch.Tensor, w_scale_bytes: torch.Tensor,
-                           promote: int = BLOCK) -> tuple[torch.Tensor, up.Quantised]:
+def tensor_core_fp8_linear(
+    x: torch.Tensor, w_codes: torch.Tensor, w_scale_bytes: torch.Tensor, promote: int = BLOCK
+) -> tuple[torch.Tensor, up.Quantised]:
     """upstream_ops.fp8_linear with each K block's products summed by the tensor cores."""
     q = up.act_quant(x)
     n, k = w_codes.shape
@@ -48,10 +49,10 @@ def tensor_core_fp8_linear(x: torch.Tensor, w_codes: torch.Tensor, w_scale_bytes
     one = torch.ones((), device=x.device, dtype=torch.float32)
     acc = torch.zeros(m, n, device=x.device, dtype=torch.float32)
     for kb in range(nb):
-        a = qa[:, kb * BLOCK:(kb + 1) * BLOCK].contiguous()
-        b = qw[:, kb * BLOCK:(kb + 1) * BLOCK].contiguous()
+        a = qa[:, kb * BLOCK : (kb + 1) * BLOCK].contiguous()
+        b = qw[:, kb * BLOCK : (kb + 1) * BLOCK].contiguous()
         block = torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)[:m, :n]
-        acc += block * sa[:, kb:kb + 1] * sw[:, kb][None, :]
+        acc += block * sa[:, kb : kb + 1] * sw[:, kb][None, :]
     return acc.reshape(*lead, n).to(torch.bfloat16), q
 
 

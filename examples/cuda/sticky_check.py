@@ -15,15 +15,35 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def main(report_dir: str) -> int:
-    proc = subprocess.run([sys.executable, "-m", "v41_conformance", "run", "--device", "cuda", "-n", "2", "--impl",
-                           "tests/impls/wrong.py:StickyCudaError", "--select", "norm.rms", "--report-dir", report_dir],
-                          cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "v41_conformance",
+            "run",
+            "--device",
+            "cuda",
+            "-n",
+            "2",
+            "--impl",
+            "tests/impls/wrong.py:StickyCudaError",
+            "--select",
+            "norm.rms",
+            "--report-dir",
+            report_dir,
+        ],
+        cwd=ROOT,
+    )
     cases = {c["id"]: c for c in json.loads((Path(report_dir) / "results.json").read_text())["cases"]}
     bad = {i: c for i, c in cases.items() if c["status"] != "pass"}
     for case_id, case in sorted(cases.items()):
         print(f"{case_id}: {case['status']}")
-    ok = proc.returncode == 1 and len(cases) > 1 and len(bad) == 1 and \
-        "restarted after this CUDA error" in next(iter(bad.values()))["message"]
+    ok = (
+        proc.returncode == 1
+        and len(cases) > 1
+        and len(bad) == 1
+        and "restarted after this CUDA error" in next(iter(bad.values()))["message"]
+    )
     print("sticky CUDA error charged to its case, child replaced" if ok else "UNEXPECTED")
     return 0 if ok else 1
 

@@ -77,8 +77,10 @@ def instantiate(spec: ImplSpec):
     raise UsageError(f"unknown adapter kind {spec.kind!r} for {spec.name}")
 
 
-IMPORTABLE = ("the package must be importable from here: install it (pip install -e . in its repository), "
-              "add its folder to PYTHONPATH, or point --impl at the file (path/to/module.py:attr)")
+IMPORTABLE = (
+    "the package must be importable from here: install it (pip install -e . in its repository), "
+    "add its folder to PYTHONPATH, or point --impl at the file (path/to/module.py:attr)"
+)
 
 
 def locate(spec: ImplSpec) -> None:
@@ -92,8 +94,9 @@ def locate(spec: ImplSpec) -> None:
     try:
         found = importlib.util.find_spec(module_part)
     except (ImportError, ValueError) as exc:  # a parent package that is not there, or does not import
-        raise UsageError(f"--impl {spec.target!r}: cannot import {module_part}: {type(exc).__name__}: {exc}; "
-                         f"{IMPORTABLE}") from None
+        raise UsageError(
+            f"--impl {spec.target!r}: cannot import {module_part}: {type(exc).__name__}: {exc}; {IMPORTABLE}"
+        ) from None
     if found is None:
         raise UsageError(f"--impl {spec.target!r}: no module named {module_part!r}; {IMPORTABLE}")
 
@@ -136,8 +139,9 @@ def _load_target(target: str, root: Path):
             module = importlib.import_module(module_part)
         except ModuleNotFoundError as exc:
             mine = exc.name is not None and (module_part == exc.name or module_part.startswith(exc.name + "."))
-            raise UsageError(f"--impl {target!r}: cannot import {module_part}: {exc}"
-                             + (f"; {IMPORTABLE}" if mine else "")) from None
+            raise UsageError(
+                f"--impl {target!r}: cannot import {module_part}: {exc}" + (f"; {IMPORTABLE}" if mine else "")
+            ) from None
         except Exception as exc:
             raise UsageError(f"--impl {target!r}: cannot import {module_part}: {type(exc).__name__}: {exc}") from None
     try:

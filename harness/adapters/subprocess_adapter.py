@@ -54,8 +54,9 @@ def read_outputs(path: Path) -> dict[str, Any]:
             declined = json.loads(raw)
             assert isinstance(declined, dict)
         except (ValueError, AssertionError):
-            raise ImplementationError(f"output metadata '{DECLINED_KEY}' must be a JSON object "
-                                      f'{{"output": "reason"}}, not {raw[:200]!r}') from None
+            raise ImplementationError(
+                f"output metadata '{DECLINED_KEY}' must be a JSON object {{\"output\": \"reason\"}}, not {raw[:200]!r}"
+            ) from None
         for name, reason in declined.items():
             outputs[str(name)] = Declined(str(reason))
     return outputs
@@ -94,8 +95,9 @@ def param_tensors(params: dict[str, Any], prefix: str = "param.") -> dict[str, t
         elif isinstance(value, dict):
             out.update(param_tensors(value, f"{name}."))
         elif isinstance(value, (list, tuple)) and all(isinstance(v, (int, list, tuple)) for v in value):
-            out[name] = torch.tensor(value, dtype=torch.int64).reshape(len(value), *([2] if value and
-                                                                                    isinstance(value[0], (list, tuple)) else []))
+            out[name] = torch.tensor(value, dtype=torch.int64).reshape(
+                len(value), *([2] if value and isinstance(value[0], (list, tuple)) else [])
+            )
     return out
 
 
@@ -107,8 +109,15 @@ def write_request(path: Path, component: str, inputs: dict[str, torch.Tensor], p
 
 
 class SubprocessAdapter:
-    def __init__(self, name: str, command: list[str], batch: bool, supports: list[str] | None, root: Path,
-                 call_timeout: float | None = None):
+    def __init__(
+        self,
+        name: str,
+        command: list[str],
+        batch: bool,
+        supports: list[str] | None,
+        root: Path,
+        call_timeout: float | None = None,
+    ):
         self.name = name
         self.command = command
         self.batch = batch
@@ -126,8 +135,9 @@ class SubprocessAdapter:
     def from_conf(cls, name: str, conf: dict[str, Any], root: Path) -> SubprocessAdapter:
         from .supports import supports_patterns
 
-        adapter = cls(name, _command(conf, name, root), bool(conf.get("batch", False)),
-                      supports_patterns(conf, name), root)
+        adapter = cls(
+            name, _command(conf, name, root), bool(conf.get("batch", False)), supports_patterns(conf, name), root
+        )
         if not Path(adapter.command[0]).exists() and not _on_path(adapter.command[0]):
             raise UsageError(f"impls.{name}: command {adapter.command[0]!r} not found (build it first?)")
         return adapter
@@ -144,14 +154,18 @@ class SubprocessAdapter:
         """What `COMMAND components` lists (asked once); `*` for a program without the answer that
         has `supports:` patterns."""
         if self._answer is None:
-            proc = subprocess.run([*self.command, "components"], capture_output=True, text=True, timeout=60, cwd=self.root)
+            proc = subprocess.run(
+                [*self.command, "components"], capture_output=True, text=True, timeout=60, cwd=self.root
+            )
             if proc.returncode == 0:
                 self._answer = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
             elif self._patterns is not None:  # no `components` answer: the patterns say it all
                 self._answer = ["*"]
             else:
-                raise ImplementationError(f"`{' '.join(self.command)} components` exited {proc.returncode}: "
-                                          f"{proc.stderr[-500:]} (answer it, or list supports: in conformance.yaml)")
+                raise ImplementationError(
+                    f"`{' '.join(self.command)} components` exited {proc.returncode}: "
+                    f"{proc.stderr[-500:]} (answer it, or list supports: in conformance.yaml)"
+                )
         return self._answer
 
     def run(self, component: str, inputs: dict[str, torch.Tensor], params: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -166,14 +180,21 @@ class SubprocessAdapter:
                 finally:
                     self._forward_stderr()
             else:
-                proc = subprocess.run([*self.command, "run", component, str(in_path), str(out_path)],
-                                      capture_output=True, cwd=self.root)
+                proc = subprocess.run(
+                    [*self.command, "run", component, str(in_path), str(out_path)], capture_output=True, cwd=self.root
+                )
                 _forward(1, proc.stdout)
                 _forward(2, proc.stderr)
-                declined = next((line for line in proc.stdout.decode("utf-8", "replace").splitlines()
-                                 if line.startswith("unsupported")), None)
+                declined = next(
+                    (
+                        line
+                        for line in proc.stdout.decode("utf-8", "replace").splitlines()
+                        if line.startswith("unsupported")
+                    ),
+                    None,
+                )
                 if proc.returncode == 0 and declined is not None:
-                    raise Unsupported(declined[len("unsupported"):].strip() or "declined by the program")
+                    raise Unsupported(declined[len("unsupported") :].strip() or "declined by the program")
                 if proc.returncode != 0:
                     stderr = proc.stderr.decode("utf-8", "replace").strip()
                     raise ImplementationError(f"exited with code {proc.returncode}: {stderr[-1000:]}")
@@ -190,8 +211,15 @@ class SubprocessAdapter:
             # stderr goes to a file of its own; after each request the new part is copied to this
             # process's stderr, so it lands in the capture of the case that caused it
             self._stderr = open(Path(self._tmp.name) / "serve.stderr", "ab+")
-            self._server = subprocess.Popen([*self.command, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            stderr=self._stderr, text=True, bufsize=1, cwd=self.root)
+            self._server = subprocess.Popen(
+                [*self.command, "serve"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                text=True,
+                bufsize=1,
+                cwd=self.root,
+            )
         server = self._server
         try:
             server.stdin.write(f"run {component} {in_path} {out_path}\n")
@@ -209,12 +237,14 @@ class SubprocessAdapter:
         if line.startswith("error"):
             raise ImplementationError(line[5:].strip() or "error")
         if line.startswith("unsupported"):
-            raise Unsupported(line[len("unsupported"):].strip() or "declined by the program")
+            raise Unsupported(line[len("unsupported") :].strip() or "declined by the program")
         # Its answers no longer line up with the requests: start a fresh process for the next case.
         self.close(kill=True)
-        raise ImplementationError(f"this case broke the protocol: the batch process answered {line[:200]!r} instead of "
-                                  f"{ANSWERS} (anything else on stdout breaks it: write logs to stderr); the process "
-                                  "was restarted for the next case")
+        raise ImplementationError(
+            f"this case broke the protocol: the batch process answered {line[:200]!r} instead of "
+            f"{ANSWERS} (anything else on stdout breaks it: write logs to stderr); the process "
+            "was restarted for the next case"
+        )
 
     def _forward_stderr(self) -> None:
         """Copy what the batch process wrote to stderr since the last request to our stderr."""

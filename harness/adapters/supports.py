@@ -16,8 +16,10 @@ def supports_patterns(conf: dict[str, Any], name: str) -> list[str] | None:
     if patterns is None:
         return None
     if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
-        raise UsageError(f"conformance.yaml: impls.{name}.supports must be a list of component name patterns, "
-                         f"such as [quant.*, indexer.select]; got {patterns!r}")
+        raise UsageError(
+            f"conformance.yaml: impls.{name}.supports must be a list of component name patterns, "
+            f"such as [quant.*, indexer.select]; got {patterns!r}"
+        )
     return patterns
 
 

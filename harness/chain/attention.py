@@ -39,8 +39,14 @@ from ..reference.candidates import kept_block_ids, select_candidate_blocks
 from ..reference.compressor import completed_groups
 from ..reference.config import AttnConfig, LayerRole, layer_roles
 from ..reference.fp8_linear import Fp8Weight, project
-from ..reference.indexer import (FP4_BLOCK, exact_index_scores, head_weights, index_scores_with_terms, indexer_query,
-                                 select_topk)
+from ..reference.indexer import (
+    FP4_BLOCK,
+    exact_index_scores,
+    head_weights,
+    index_scores_with_terms,
+    indexer_query,
+    select_topk,
+)
 from ..reference.numerics import linear_bf16, rms_norm
 from ..reference.rope import apply_rotary
 from ..reference.runtime import SLOTS
@@ -48,8 +54,21 @@ from ..reference.sparse_attn import sparse_attn
 from ..stepnames import layer_name, step_name
 from .candidates import rows_of_blocks
 from .digest import differing_rows
-from .stages import (ChainJudgement, Given, Judge, Lazy, RowContext, StageVerdict, TermsContext, assemble,
-                     attribute_problem, differing, explained, judge_rows, rows_of)
+from .stages import (
+    ChainJudgement,
+    Given,
+    Judge,
+    Lazy,
+    RowContext,
+    StageVerdict,
+    TermsContext,
+    assemble,
+    attribute_problem,
+    differing,
+    explained,
+    judge_rows,
+    rows_of,
+)
 
 NINF = float("-inf")
 FP8_BLOCK = 32
@@ -100,8 +119,16 @@ class AttentionChain:
     """Judges one attention case along its chain (module docstring). `x` is the golden's per-layer
     input [L, b, T, dim]; `weights` each layer's reference weights."""
 
-    def __init__(self, x: torch.Tensor, weights: dict[int, LayerWeights], golden: dict, aux: dict, actual: dict,
-                 params: dict, judge: Judge):
+    def __init__(
+        self,
+        x: torch.Tensor,
+        weights: dict[int, LayerWeights],
+        golden: dict,
+        aux: dict,
+        actual: dict,
+        params: dict,
+        judge: Judge,
+    ):
         self.cfg = AttnConfig.from_dict(params["config"])
         self.roles = layer_roles(self.cfg)
         self.x, self.weights, self.golden, self.aux, self.actual, self.judge = x, weights, golden, aux, actual, judge
@@ -110,10 +137,16 @@ class AttentionChain:
         self.tables = {r: rope_table(self.cfg, r) for r in sorted({role.ratio for role in self.roles})}
         cfg, b = self.cfg, self.b
         self.rings = {r.layer: torch.zeros(b, cfg.window_size, cfg.head_dim, dtype=torch.bfloat16) for r in self.roles}
-        self.caches = {r.layer: torch.zeros(b, cfg.max_seq_len // r.ratio, cfg.head_dim, dtype=torch.bfloat16)
-                       for r in self.roles if r.is_kv_source}
-        self.keys = {r.layer: torch.zeros(b, cfg.max_seq_len // r.ratio, cfg.index_head_dim, dtype=torch.bfloat16)
-                     for r in self.roles if r.owns_k}
+        self.caches = {
+            r.layer: torch.zeros(b, cfg.max_seq_len // r.ratio, cfg.head_dim, dtype=torch.bfloat16)
+            for r in self.roles
+            if r.is_kv_source
+        }
+        self.keys = {
+            r.layer: torch.zeros(b, cfg.max_seq_len // r.ratio, cfg.index_head_dim, dtype=torch.bfloat16)
+            for r in self.roles
+            if r.owns_k
+        }
         self.slots: dict[str, torch.Tensor] = {}
         self.calls: dict[tuple[int, int], Call] = {}
         self.fp8 = any(isinstance(w.wo_b, Fp8Weight) for w in weights.values())
@@ -164,15 +197,18 @@ class AttentionChain:
 
     # --- judging helpers ---------------------------------------------------------------------
 
-    def _record(self, name: str, verdict, given=(), assumed=(), rows=0, hint_for: str | None = None,
-                intermediate: bool = False) -> StageVerdict:
+    def _record(
+        self, name: str, verdict, given=(), assumed=(), rows=0, hint_for: str | None = None, intermediate: bool = False
+    ) -> StageVerdict:
         hint = ""
         known = HINTS.get(hint_for or "")
         if known and not explained(verdict) and verdict.metrics and (self.fp8 or hint_for not in FP8_ONLY):
             want, why = known
             if want in assumed:
-                hint = (f"return {name.rsplit('.', 1)[0]}.{want} ({why}) so this is judged given your own value: "
-                        f"a difference inherited through that decision cannot be told from a bug here")
+                hint = (
+                    f"return {name.rsplit('.', 1)[0]}.{want} ({why}) so this is judged given your own value: "
+                    f"a difference inherited through that decision cannot be told from a bug here"
+                )
         stage = StageVerdict(name, verdict, tuple(given), tuple(assumed), rows, hint, intermediate)
         self.result.verdicts.append(stage)
         return stage
@@ -194,8 +230,16 @@ class AttentionChain:
                 assumed.append(n)
         return own, assumed
 
-    def _intermediate(self, c: Call, stage: str, shape: tuple[int, ...], dtype: torch.dtype, compute,
-                      inputs: tuple[str, ...], extra=None) -> Given:
+    def _intermediate(
+        self,
+        c: Call,
+        stage: str,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        compute,
+        inputs: tuple[str, ...],
+        extra=None,
+    ) -> Given:
         """A stage the golden holds as row digests: judged if returned, else the reference, lazily."""
         name, rows = c.name(stage), shape[0] * shape[1]
         lazy = Lazy(rows, compute)
@@ -215,8 +259,16 @@ class AttentionChain:
         c.given[stage] = Given(name, rows_of(actual, 2), own=True, passed=sv.explained)
         return c.given[stage]
 
-    def _output(self, c: Call, stage: str, compute, inputs: tuple[str, ...], extra=None,
-                golden: torch.Tensor | None = None, intermediate: bool = False) -> Given:
+    def _output(
+        self,
+        c: Call,
+        stage: str,
+        compute,
+        inputs: tuple[str, ...],
+        extra=None,
+        golden: torch.Tensor | None = None,
+        intermediate: bool = False,
+    ) -> Given:
         """A value the golden holds (an output, or an intermediate kept in full in aux): rows that
         differ from it rederived from the given inputs."""
         name = c.name(stage)
@@ -238,7 +290,7 @@ class AttentionChain:
         return self.weights[c.layer]
 
     def _x_rows(self, c: Call, rows: torch.Tensor) -> torch.Tensor:
-        x = self.x[c.layer, :, c.start:c.end]  # [b, S, dim]
+        x = self.x[c.layer, :, c.start : c.end]  # [b, S, dim]
         return rows_of(x, 2)[rows]
 
     def _freqs(self, c: Call, rows: torch.Tensor) -> torch.Tensor:
@@ -340,8 +392,9 @@ class AttentionChain:
         golden_pre = self.aux[pre_name]
         own = False
         if pre_name in self.actual:
-            given = self._output(c, pre_stage, self._pre_reference(c, pre_stage), ("latent",), golden=golden_pre,
-                                 intermediate=True)
+            given = self._output(
+                c, pre_stage, self._pre_reference(c, pre_stage), ("latent",), golden=golden_pre, intermediate=True
+            )
             own = given.own
         actual_pre = self.actual.get(pre_name)
         golden = self.golden[name]
@@ -396,17 +449,23 @@ class AttentionChain:
             visible = torch.arange(T)[None, :] < self._lens(c, rows)[:, None]
             for bi in torch.unique(rows // c.S).tolist():
                 mine = (rows // c.S) == bi
-                s, scale = index_scores_with_terms(q[mine][None], keys[bi:bi + 1, :T], wts[mine][None])
+                s, scale = index_scores_with_terms(q[mine][None], keys[bi : bi + 1, :T], wts[mine][None])
                 out[mine], terms[rows[mine]] = s[0], scale[0]
-                value, bound = exact_index_scores(q[mine][None], keys[bi:bi + 1, :T], wts[mine][None])
+                value, bound = exact_index_scores(q[mine][None], keys[bi : bi + 1, :T], wts[mine][None])
                 exact.put(rows[mine], value[0].masked_fill(~visible[mine], NINF))
                 error.put(rows[mine], bound[0])
             return out.masked_fill(~visible, NINF)
 
         terms_name = c.name("index_scores_terms")
-        self._intermediate(c, "index_scores", (self.b, c.S, T), torch.bfloat16, scores, ("index_q", "index_k_seen"),
-                           extra=lambda rows, values: {terms_name: terms.reshape(self.b, c.S, T), **exact.extra(),
-                                                       **error.extra()})
+        self._intermediate(
+            c,
+            "index_scores",
+            (self.b, c.S, T),
+            torch.bfloat16,
+            scores,
+            ("index_q", "index_k_seen"),
+            extra=lambda rows, values: {terms_name: terms.reshape(self.b, c.S, T), **exact.extra(), **error.extra()},
+        )
         offset = window_part_length(c.start, c.S, cfg.window_size)
         if role.candidate_source is not None:
             c.given["candidates_seen"] = self.calls[(c.step, role.candidate_source)].given["candidates"]
@@ -443,16 +502,18 @@ class AttentionChain:
         cfg, name, size = self.cfg, c.name("candidates"), self.cfg.candidate_block_size
 
         def select(rows):
-            return select_candidate_blocks(c.given["index_scores"].rows(rows)[None], self._lens(c, rows),
-                                           cfg.candidate_topk_blocks, size)
+            return select_candidate_blocks(
+                c.given["index_scores"].rows(rows)[None], self._lens(c, rows), cfg.candidate_topk_blocks, size
+            )
 
         golden, actual = self.golden[name], self.actual.get(name)
         if attribute_problem(actual, golden.dtype, tuple(golden.shape)):
             self._output(c, "candidates", lambda rows: select(rows).mask[0], ("index_scores",))
             return
         own, assumed = self._inputs(c, "index_scores")
-        verdict, expected, n = judge_rows(self.judge, name, actual, golden, differing(actual, golden, 2),
-                                          lambda rows: select(rows).mask[0], 2)
+        verdict, expected, n = judge_rows(
+            self.judge, name, actual, golden, differing(actual, golden, 2), lambda rows: select(rows).mask[0], 2
+        )
         rows = differing(actual, expected, 2).nonzero().flatten()  # yours is not the selection of your scores
         if verdict.ok or not rows.numel():
             sv = self._record(name, verdict, own, assumed, n, hint_for="candidates")
@@ -462,12 +523,17 @@ class AttentionChain:
         ranked = torch.zeros(rows_of(mine, 2).shape, dtype=torch.float32)
         ranked[rows] = select(rows).ranked_scores[0].float()
         extra = {c.name("candidate_ranked"): ranked.reshape(mine.shape)}
-        blocks = self._record(c.name("candidate_blocks"), self.judge(c.name("candidate_blocks"), want, mine, extra),
-                              own, assumed, n, hint_for="candidates")
+        blocks = self._record(
+            c.name("candidate_blocks"),
+            self.judge(c.name("candidate_blocks"), want, mine, extra),
+            own,
+            assumed,
+            n,
+            hint_for="candidates",
+        )
         if blocks.explained:  # tie order or near ties only: the mask is the rows of your blocks, exactly
             given = rows_of_blocks(mine, golden.shape[-1], size)
-            sv = self._record(name, self.judge(name, given, actual, {}), ("candidate_blocks",), (),
-                              int(rows.numel()))
+            sv = self._record(name, self.judge(name, given, actual, {}), ("candidate_blocks",), (), int(rows.numel()))
         else:
             sv = self._record(name, verdict, own, assumed, n, hint_for="candidates")
         c.given["candidates"] = Given(name, rows_of(actual, 2), own=True, passed=sv.explained)
@@ -476,6 +542,7 @@ class AttentionChain:
         """A Reuse layer attends its index source's selection as that source returned it (exactly)."""
         source = self.calls[(c.step, c.role.index_source)]
         c.given["source_ids"] = source.given["compressed_ids"]
+
         def ranked(rows, values):
             scores = source.ranked(rows)
             return {} if scores is None else {c.name("scores"): scores}
@@ -541,4 +608,3 @@ class AttentionChain:
             return project(z, w.wo_b)
 
         self._output(c, "out", compute, ("z",), extra=acc.extra)
-

@@ -25,8 +25,9 @@ def rows_of_blocks(blocks: torch.Tensor, width: int, block_size: int) -> torch.T
     return keep[..., :nb].repeat_interleave(block_size, dim=-1)[..., :width]
 
 
-def judge_candidates(inputs: dict, golden: dict, aux: dict, actual: dict, params: dict, judge: Judge,
-                     boundary: Policy) -> ChainJudgement:
+def judge_candidates(
+    inputs: dict, golden: dict, aux: dict, actual: dict, params: dict, judge: Judge, boundary: Policy
+) -> ChainJudgement:
     result = ChainJudgement()
     blocks = StageVerdict("blocks", judge("blocks", golden["blocks"], actual.get("blocks"), {}))
     mask, want = actual.get("mask"), golden["mask"]
@@ -34,7 +35,8 @@ def judge_candidates(inputs: dict, golden: dict, aux: dict, actual: dict, params
     stage = StageVerdict("mask", verdict)
     if not verdict.ok and blocks.explained and not attribute_problem(mask, want.dtype, tuple(want.shape)):
         given = rows_of_blocks(actual["blocks"], want.shape[-1], int(params["block_size"]))
-        stage = StageVerdict("mask", judge("mask", given, mask, {}), given=("blocks",),
-                             rederived_rows=int((given != want).any(-1).sum()))
+        stage = StageVerdict(
+            "mask", judge("mask", given, mask, {}), given=("blocks",), rederived_rows=int((given != want).any(-1).sum())
+        )
     result.verdicts += [blocks, stage]
     return result

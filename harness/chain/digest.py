@@ -63,4 +63,3 @@ def case_digest(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         if t.numel():
             h.update(tensor_bytes(t))
     return torch.tensor([int.from_bytes(h.digest()[:DIGEST_BYTES], "little", signed=True)], dtype=torch.int64)
-

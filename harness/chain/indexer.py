@@ -22,17 +22,34 @@ from ..precision import EXACT, EXACT_ERROR
 from ..policy import Policy
 from ..reference import numerics as nx
 from ..reference.fp8_linear import weight_input
-from ..reference.indexer import (FP4_BLOCK, exact_index_scores, head_weights, index_scores, index_scores_with_terms,
-                                 query_compress_lens, select_with_leak)
+from ..reference.indexer import (
+    FP4_BLOCK,
+    exact_index_scores,
+    head_weights,
+    index_scores,
+    index_scores_with_terms,
+    query_compress_lens,
+    select_with_leak,
+)
 from ..ulps import ulp_of
-from .stages import (ChainJudgement, Given, Judge, RowContext, StageVerdict, attribute_problem, differing, judge_rows,
-                     rows_of)
+from .stages import (
+    ChainJudgement,
+    Given,
+    Judge,
+    RowContext,
+    StageVerdict,
+    attribute_problem,
+    differing,
+    judge_rows,
+    rows_of,
+)
 
 NINF = float("-inf")
 
 
-def judge_indexer(inputs: dict, golden: dict, aux: dict, actual: dict, params: dict, judge: Judge,
-                  boundary: Policy) -> ChainJudgement:
+def judge_indexer(
+    inputs: dict, golden: dict, aux: dict, actual: dict, params: dict, judge: Judge, boundary: Policy
+) -> ChainJudgement:
     result = ChainJudgement()
     S = inputs["x"].shape[1]
     start, ratio = int(params["start"]), int(params["ratio"])
@@ -63,10 +80,10 @@ def judge_indexer(inputs: dict, golden: dict, aux: dict, actual: dict, params: d
         b_of = rows // S
         for bi in torch.unique(b_of).tolist():
             sel = b_of == bi
-            s, scale = index_scores_with_terms(q[sel][None], keys[bi:bi + 1, :T], rows_of(w, 2)[rows[sel]][None])
+            s, scale = index_scores_with_terms(q[sel][None], keys[bi : bi + 1, :T], rows_of(w, 2)[rows[sel]][None])
             out[sel] = s[0]
             rows_of(terms, 2)[rows[sel]] = scale[0]
-            value, bound = exact_index_scores(q[sel][None], keys[bi:bi + 1, :T], rows_of(w, 2)[rows[sel]][None])
+            value, bound = exact_index_scores(q[sel][None], keys[bi : bi + 1, :T], rows_of(w, 2)[rows[sel]][None])
             exact.put(rows[sel], value[0])
             error.put(rows[sel], bound[0])
         return out
@@ -76,8 +93,18 @@ def judge_indexer(inputs: dict, golden: dict, aux: dict, actual: dict, params: d
     def reference_scores(rows: torch.Tensor) -> torch.Tensor:
         values = scores_of(rows, query.rows(rows))
         if not query.own and boundary.accept_boundary:
-            values = _explain_by_query_flips(rows, values, rows_of(actual["scores"], 2), aux["index_q"], keys, w,
-                                             rows_of(terms, 2), boundary, params, flips)
+            values = _explain_by_query_flips(
+                rows,
+                values,
+                rows_of(actual["scores"], 2),
+                aux["index_q"],
+                keys,
+                w,
+                rows_of(terms, 2),
+                boundary,
+                params,
+                flips,
+            )
         return values
 
     got = actual.get("scores")
@@ -86,8 +113,16 @@ def judge_indexer(inputs: dict, golden: dict, aux: dict, actual: dict, params: d
         result.verdicts.append(StageVerdict("scores", judge("scores", golden["scores"], got, {})))
     else:
         differ = differing(got, golden["scores"], 2)
-        verdict, expected, n = judge_rows(judge, "scores", got, golden["scores"], differ, reference_scores, 2,
-                                          lambda rows, values: {"term_scale": terms, **exact.extra(), **error.extra()})
+        verdict, expected, n = judge_rows(
+            judge,
+            "scores",
+            got,
+            golden["scores"],
+            differ,
+            reference_scores,
+            2,
+            lambda rows, values: {"term_scale": terms, **exact.extra(), **error.extra()},
+        )
         given = ("index_q",) if query.own else ()
         if flips:
             verdict.message = f"judged against the reference recomputed with {flips[0]}\n{verdict.message}".strip()
@@ -137,8 +172,9 @@ def _query_accumulation(inputs: dict, expected: torch.Tensor, mine, params: dict
     return through_rope(terms.map(lambda t: t.reshape(expected.shape)), int(params["rope_dim"])).context("index_q")
 
 
-def _explain_by_query_flips(rows, values, got, q_pre, keys, w, terms, boundary: Policy, params, found: list[str]
-                            ) -> torch.Tensor:
+def _explain_by_query_flips(
+    rows, values, got, q_pre, keys, w, terms, boundary: Policy, params, found: list[str]
+) -> torch.Tensor:
     """The reference's scores of `rows`, each row replaced by the scores of its query with one fp4
     decision taken the other way at a rounding boundary, where that reproduces the implementation's
     row and the reference's does not (the row's bound: 1 bf16 ulp plus the head-term allowance)."""
@@ -164,14 +200,15 @@ def _explain_by_query_flips(rows, values, got, q_pre, keys, w, terms, boundary: 
             for what, row in admissible_variants(flat_q[r, h], tol, fmt):
                 trial = q.clone()
                 trial[h] = row
-                redone = index_scores(trial[None, None], keys[bi:bi + 1, :values.shape[-1]], wr)[0, 0]
+                redone = index_scores(trial[None, None], keys[bi : bi + 1, : values.shape[-1]], wr)[0, 0]
                 if within(redone):
                     hit = (what, redone)
                     break
             if hit is not None:
                 out[i] = hit[1]
-                found.append(f"query row {[bi, r % S]}, head {h}: {hit[0]} of the fp4 query (a value within "
-                             f"{boundary.boundary_ulps:g} bf16 ulps of its rounding boundary); its scores follow")
+                found.append(
+                    f"query row {[bi, r % S]}, head {h}: {hit[0]} of the fp4 query (a value within "
+                    f"{boundary.boundary_ulps:g} bf16 ulps of its rounding boundary); its scores follow"
+                )
                 break
     return out
-

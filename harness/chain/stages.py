@@ -105,8 +105,12 @@ def assemble(base: torch.Tensor, rows: torch.Tensor, values: torch.Tensor, lead:
 
 
 def attribute_problem(actual: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> bool:
-    return not (isinstance(actual, torch.Tensor) and actual.dtype == dtype and tuple(actual.shape) == tuple(shape)
-                and actual.device.type == "cpu")
+    return not (
+        isinstance(actual, torch.Tensor)
+        and actual.dtype == dtype
+        and tuple(actual.shape) == tuple(shape)
+        and actual.device.type == "cpu"
+    )
 
 
 class Lazy:
@@ -176,8 +180,14 @@ class Given:
     `own`: the implementation's value (else the reference's stood in); `passed`: its verdict had no
     unexplained difference."""
 
-    def __init__(self, name: str, full: torch.Tensor | None = None, lazy: Lazy | None = None,
-                 own: bool = False, passed: bool = True):
+    def __init__(
+        self,
+        name: str,
+        full: torch.Tensor | None = None,
+        lazy: Lazy | None = None,
+        own: bool = False,
+        passed: bool = True,
+    ):
         self.name, self.full, self.lazy, self.own, self.passed = name, full, lazy, own, passed
 
     def rows(self, rows: torch.Tensor) -> torch.Tensor:
@@ -186,10 +196,16 @@ class Given:
         return self.lazy.rows(rows)
 
 
-def judge_rows(judge: Judge, name: str, actual: torch.Tensor, base: torch.Tensor, differ: torch.Tensor,
-               reference: Callable[[torch.Tensor], torch.Tensor], lead: int,
-               extra: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]] | None = None
-               ) -> tuple[OutputVerdict, torch.Tensor, int]:
+def judge_rows(
+    judge: Judge,
+    name: str,
+    actual: torch.Tensor,
+    base: torch.Tensor,
+    differ: torch.Tensor,
+    reference: Callable[[torch.Tensor], torch.Tensor],
+    lead: int,
+    extra: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]] | None = None,
+) -> tuple[OutputVerdict, torch.Tensor, int]:
     """(verdict, expected, rows rederived) for one stage whose differing rows are rederived.
 
     base: the golden's tensor, or the actual one where the golden holds only digests (rows that

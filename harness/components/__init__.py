@@ -6,7 +6,17 @@ the input builder, the reference call and the comparison kind of every output.
 
 from . import numeric, rope  # noqa: F401
 
-_OPTIONAL = ("topk", "compressor", "kv", "indexer", "addressing", "attention", "attention_steps", "sparse_attn", "topology")
+_OPTIONAL = (
+    "topk",
+    "compressor",
+    "kv",
+    "indexer",
+    "addressing",
+    "attention",
+    "attention_steps",
+    "sparse_attn",
+    "topology",
+)
 for _name in _OPTIONAL:
     try:
         __import__(f"{__name__}.{_name}")

@@ -102,34 +102,49 @@ def _candidates_aux(inputs, params, outputs):
     return {"ranked_scores": sel.ranked_scores}
 
 
-register(Component(
-    name="candidates.select",
-    summary="candidate blocks: block max (-inf padded), newest reachable block pinned +inf, top blocks kept, "
-            "-inf picks dropped",
-    upstream="M:583-610",
-    inputs=(T("logits", "bf16", "b S W", "a source's visible index scores (rows >= compress_lens at -inf)"),
-            T("compress_lens", "int64", "S", "visible compressed rows per query")),
-    outputs=(
-        OutputSpec("mask", "exact", "rows of the kept blocks", "bool", "b S W"),
-        OutputSpec("blocks", "index", "kept block ids ascending, then -1; judged against aux.ranked_scores (pinned "
-                   "block +inf)", "int32", "b S nb", scores="ranked_scores", order="set"),
-    ),
-    returns=(T("mask", "bool", "b S W", "rows of the kept blocks"),),
-    derived={"blocks": "the kept block ids of the returned mask, ascending, then -1 (the harness derives it, so a "
-                       "mask difference is also classified as tie order or a miss; where they differ, the mask is "
-                       "judged given them: the rows of your blocks)"},
-    params=(P("topk_blocks", "int", "blocks kept per query (2048 in production)"),
-            P("block_size", "int", "compressed rows per block (8 in production)", "rows")),
-    dims={"b": "batch", "S": "queries", "W": "compressed rows", "nb": "ceil(W / block_size) blocks"},
-    build=_select_inputs,
-    reference=candidates_reference,
-    execute=_candidates_execute,
-    aux=_candidates_aux,
-    chain=_candidates_chain,
-    floor=5,
-    notes="params: topk_blocks, block_size. logits are a source's visible index scores (rows >= "
-          "compress_lens at -inf); compress_lens int64 [S]; implementations return only 'mask'.",
-))
+register(
+    Component(
+        name="candidates.select",
+        summary="candidate blocks: block max (-inf padded), newest reachable block pinned +inf, top blocks kept, "
+        "-inf picks dropped",
+        upstream="M:583-610",
+        inputs=(
+            T("logits", "bf16", "b S W", "a source's visible index scores (rows >= compress_lens at -inf)"),
+            T("compress_lens", "int64", "S", "visible compressed rows per query"),
+        ),
+        outputs=(
+            OutputSpec("mask", "exact", "rows of the kept blocks", "bool", "b S W"),
+            OutputSpec(
+                "blocks",
+                "index",
+                "kept block ids ascending, then -1; judged against aux.ranked_scores (pinned block +inf)",
+                "int32",
+                "b S nb",
+                scores="ranked_scores",
+                order="set",
+            ),
+        ),
+        returns=(T("mask", "bool", "b S W", "rows of the kept blocks"),),
+        derived={
+            "blocks": "the kept block ids of the returned mask, ascending, then -1 (the harness derives it, so a "
+            "mask difference is also classified as tie order or a miss; where they differ, the mask is "
+            "judged given them: the rows of your blocks)"
+        },
+        params=(
+            P("topk_blocks", "int", "blocks kept per query (2048 in production)"),
+            P("block_size", "int", "compressed rows per block (8 in production)", "rows"),
+        ),
+        dims={"b": "batch", "S": "queries", "W": "compressed rows", "nb": "ceil(W / block_size) blocks"},
+        build=_select_inputs,
+        reference=candidates_reference,
+        execute=_candidates_execute,
+        aux=_candidates_aux,
+        chain=_candidates_chain,
+        floor=5,
+        notes="params: topk_blocks, block_size. logits are a source's visible index scores (rows >= "
+        "compress_lens at -inf); compress_lens int64 [S]; implementations return only 'mask'.",
+    )
+)
 
 
 # --- candidates.restore ----------------------------------------------------------------------
@@ -170,24 +185,44 @@ def _restore_inputs(params, build, gen):
     return {"compact": compact, "kept": ids.to(torch.int32)}
 
 
-register(Component(
-    name="candidates.restore",
-    summary="compact candidate offsets back to logical rows (+ the request offset), -1 kept",
-    upstream="seed A.4.2 (restore_candidate_indices_inplace); M:583-610 for the kept set",
-    inputs=(T("compact", "int32", "b S k", "offsets into the kept rows, -1 absent"),
-            T("kept", "bool|int32", "b S W|nk", "the keep mask [b, S, W], or kept block ids [b, S, nk] in the "
-              "runtime's order with -1 slots")),
-    outputs=(OutputSpec("ids", "exact", "logical row + request_offset, or -1", "as compact", "b S k"),),
-    params=(P("block_size", "int", "compressed rows per block", "rows"),
-            P("request_offset", "int", "the request's first row in the gathered buffer", "rows", required=False, default=0)),
-    dims={"b": "batch", "S": "queries", "k": "selected lanes", "W": "compressed rows", "nk": "kept blocks"},
-    build=_restore_inputs,
-    reference=lambda inputs, params: {"ids": cd.restore_candidates(
-        inputs["compact"], inputs["kept"], int(params["block_size"]), int(params.get("request_offset", 0)))},
-    floor=3,
-    notes="kept is the bool keep mask [b, S, W] (compact c = c-th kept row ascending) or int32 kept block "
-          "ids [b, S, nk] in the runtime's order with -1 slots (c -> kept[c // B] * B + c % B).",
-))
+register(
+    Component(
+        name="candidates.restore",
+        summary="compact candidate offsets back to logical rows (+ the request offset), -1 kept",
+        upstream="seed A.4.2 (restore_candidate_indices_inplace); M:583-610 for the kept set",
+        inputs=(
+            T("compact", "int32", "b S k", "offsets into the kept rows, -1 absent"),
+            T(
+                "kept",
+                "bool|int32",
+                "b S W|nk",
+                "the keep mask [b, S, W], or kept block ids [b, S, nk] in the runtime's order with -1 slots",
+            ),
+        ),
+        outputs=(OutputSpec("ids", "exact", "logical row + request_offset, or -1", "as compact", "b S k"),),
+        params=(
+            P("block_size", "int", "compressed rows per block", "rows"),
+            P(
+                "request_offset",
+                "int",
+                "the request's first row in the gathered buffer",
+                "rows",
+                required=False,
+                default=0,
+            ),
+        ),
+        dims={"b": "batch", "S": "queries", "k": "selected lanes", "W": "compressed rows", "nk": "kept blocks"},
+        build=_restore_inputs,
+        reference=lambda inputs, params: {
+            "ids": cd.restore_candidates(
+                inputs["compact"], inputs["kept"], int(params["block_size"]), int(params.get("request_offset", 0))
+            )
+        },
+        floor=3,
+        notes="kept is the bool keep mask [b, S, W] (compact c = c-th kept row ascending) or int32 kept block "
+        "ids [b, S, nk] in the runtime's order with -1 slots (c -> kept[c // B] * B + c % B).",
+    )
+)
 
 
 # --- window.indices --------------------------------------------------------------------------
@@ -214,30 +249,59 @@ def window_reference(inputs: dict, params: dict) -> dict:
     return {"ids": ids}
 
 
-register(Component(
-    name="window.indices",
-    summary="sliding-window ids: prefill rows clipped to the window, decode ring slots oldest first, -1 unfilled",
-    upstream="M:409-426",
-    inputs=(),
-    outputs=(OutputSpec("ids", "exact", "window lanes per query, -1 where nothing is visible", "int32", "rows width"),),
-    params=(P("mode", "str", "prefill, decode or chunk (the harness's generalisation)",
-              choices=("prefill", "decode", "chunk")),
+register(
+    Component(
+        name="window.indices",
+        summary="sliding-window ids: prefill rows clipped to the window, decode ring slots oldest first, -1 unfilled",
+        upstream="M:409-426",
+        inputs=(),
+        outputs=(
+            OutputSpec("ids", "exact", "window lanes per query, -1 where nothing is visible", "int32", "rows width"),
+        ),
+        params=(
+            P(
+                "mode",
+                "str",
+                "prefill, decode or chunk (the harness's generalisation)",
+                choices=("prefill", "decode", "chunk"),
+            ),
             P("win", "int", "window size", "positions"),
-            P("seqlen", "int", "tokens in the step (prefill, chunk)", "positions", required=False,
-              derive=lambda p: 1 if p.get("mode") == "decode" else None,
-              default_doc="1 in decode mode; prefill and chunk cases set it"),
-            P("start", "int", "position of the step's first token (decode, chunk)", "positions", required=False,
-              derive=lambda p: 0 if p.get("mode") == "prefill" else None,
-              default_doc="0 in prefill mode; decode and chunk cases set it"),
-            P("ring_size", "int", "ring slots (chunk)", "slots", required=False,
-              derive=_ring_size, default_doc="win + seqlen - 1 in chunk mode (no lane lost), win in decode mode")),
-    dims={"rows": "prefill S, decode 1, chunk S", "width": "prefill min(S, win), decode win, chunk win"},
-    build=lambda params, build, gen: {},
-    reference=window_reference,
-    floor=4,
-    notes="params: mode (prefill: seqlen, win; decode: start, win; chunk: start, seqlen, win, ring_size, the "
-          "harness's generalisation for chunked prefill and multi-token decode, docs §10.3).",
-))
+            P(
+                "seqlen",
+                "int",
+                "tokens in the step (prefill, chunk)",
+                "positions",
+                required=False,
+                derive=lambda p: 1 if p.get("mode") == "decode" else None,
+                default_doc="1 in decode mode; prefill and chunk cases set it",
+            ),
+            P(
+                "start",
+                "int",
+                "position of the step's first token (decode, chunk)",
+                "positions",
+                required=False,
+                derive=lambda p: 0 if p.get("mode") == "prefill" else None,
+                default_doc="0 in prefill mode; decode and chunk cases set it",
+            ),
+            P(
+                "ring_size",
+                "int",
+                "ring slots (chunk)",
+                "slots",
+                required=False,
+                derive=_ring_size,
+                default_doc="win + seqlen - 1 in chunk mode (no lane lost), win in decode mode",
+            ),
+        ),
+        dims={"rows": "prefill S, decode 1, chunk S", "width": "prefill min(S, win), decode win, chunk win"},
+        build=lambda params, build, gen: {},
+        reference=window_reference,
+        floor=4,
+        notes="params: mode (prefill: seqlen, win; decode: start, win; chunk: start, seqlen, win, ring_size, the "
+        "harness's generalisation for chunked prefill and multi-token decode, docs §10.3).",
+    )
+)
 
 
 # --- address.prefill / address.decode --------------------------------------------------------
@@ -256,19 +320,21 @@ def _logical_ids(build: dict, gen: torch.Generator, comp: str) -> torch.Tensor:
     return out.reshape(b, S, K).to(torch.int32)
 
 
-register(Component(
-    name="address.prefill",
-    summary="prefill: logical rows plus the request's offset in the gathered buffer, -1 kept",
-    upstream="seed A.4.3 (_load_prefill_kv ks offset)",
-    inputs=(T("ids", "int32", "b S K", "logical rows, -1 absent"),),
-    outputs=(OutputSpec("ids", "exact", "id + base where id >= 0, else -1", "int32", "b S K"),),
-    params=(P("base", "int", "the request's first row in the concatenated buffer", "rows"),),
-    dims={"b": "batch", "S": "queries", "K": "lanes"},
-    build=lambda params, build, gen: {"ids": _logical_ids(build, gen, "address.prefill")},
-    reference=lambda inputs, params: {"ids": ad.address_prefill(inputs["ids"], int(params["base"]))},
-    floor=2,
-    notes="params: base (the request's first row in the concatenated buffer).",
-))
+register(
+    Component(
+        name="address.prefill",
+        summary="prefill: logical rows plus the request's offset in the gathered buffer, -1 kept",
+        upstream="seed A.4.3 (_load_prefill_kv ks offset)",
+        inputs=(T("ids", "int32", "b S K", "logical rows, -1 absent"),),
+        outputs=(OutputSpec("ids", "exact", "id + base where id >= 0, else -1", "int32", "b S K"),),
+        params=(P("base", "int", "the request's first row in the concatenated buffer", "rows"),),
+        dims={"b": "batch", "S": "queries", "K": "lanes"},
+        build=lambda params, build, gen: {"ids": _logical_ids(build, gen, "address.prefill")},
+        reference=lambda inputs, params: {"ids": ad.address_prefill(inputs["ids"], int(params["base"]))},
+        floor=2,
+        notes="params: base (the request's first row in the concatenated buffer).",
+    )
+)
 
 
 def _decode_inputs(params, build, gen):
@@ -284,21 +350,35 @@ def _decode_inputs(params, build, gen):
     return {"ids": ids, "block_table": table}
 
 
-register(Component(
-    name="address.decode",
-    summary="decode: logical row j -> block_table[j // (B/r)] * (B/r) + j % (B/r), -1 kept",
-    upstream="seed A.4.3 (convert_kv_index)",
-    inputs=(T("ids", "int32", "b S K", "logical rows, -1 absent"),
-            T("block_table", "int32", "[b] nblocks", "physical block of each logical block (one row per request)")),
-    outputs=(OutputSpec("slots", "exact", "physical slot in the ratio-r cache, or -1", "int32", "b S K"),),
-    params=(P("block_size", "int", "token positions per allocator block", "positions"),
-            P("ratio", "int", "compress ratio", choices=(1, 2))),
-    dims={"b": "batch", "S": "queries", "K": "lanes", "[b]": "requests (absent: one table for all)",
-          "nblocks": "logical blocks"},
-    build=_decode_inputs,
-    reference=lambda inputs, params: {"slots": ad.address_decode(
-        inputs["ids"], inputs["block_table"], int(params["block_size"]), int(params["ratio"]))},
-    floor=3,
-    notes="params: block_size B (token positions per allocator block), ratio r; block_table int32 "
-          "[nblocks] or [b, nblocks] (one row per request of ids' batch dim).",
-))
+register(
+    Component(
+        name="address.decode",
+        summary="decode: logical row j -> block_table[j // (B/r)] * (B/r) + j % (B/r), -1 kept",
+        upstream="seed A.4.3 (convert_kv_index)",
+        inputs=(
+            T("ids", "int32", "b S K", "logical rows, -1 absent"),
+            T("block_table", "int32", "[b] nblocks", "physical block of each logical block (one row per request)"),
+        ),
+        outputs=(OutputSpec("slots", "exact", "physical slot in the ratio-r cache, or -1", "int32", "b S K"),),
+        params=(
+            P("block_size", "int", "token positions per allocator block", "positions"),
+            P("ratio", "int", "compress ratio", choices=(1, 2)),
+        ),
+        dims={
+            "b": "batch",
+            "S": "queries",
+            "K": "lanes",
+            "[b]": "requests (absent: one table for all)",
+            "nblocks": "logical blocks",
+        },
+        build=_decode_inputs,
+        reference=lambda inputs, params: {
+            "slots": ad.address_decode(
+                inputs["ids"], inputs["block_table"], int(params["block_size"]), int(params["ratio"])
+            )
+        },
+        floor=3,
+        notes="params: block_size B (token positions per allocator block), ratio r; block_table int32 "
+        "[nblocks] or [b, nblocks] (one row per request of ids' batch dim).",
+    )
+)

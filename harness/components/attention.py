@@ -31,15 +31,23 @@ from ..registry import ParamSpec as P
 from ..registry import TensorSpec as T
 from ..schedules import parse_schedule_name, schedule_name, validate_schedule
 from ..chain.attention import AttentionChain
-from .attention_steps import (BASE_WEIGHTS, SLOTS, call_weights, config_of, drive_layers, expected_outputs,
-                              intermediate_names, is_upstream_schedule)
+from .attention_steps import (
+    BASE_WEIGHTS,
+    SLOTS,
+    call_weights,
+    config_of,
+    drive_layers,
+    expected_outputs,
+    intermediate_names,
+    is_upstream_schedule,
+)
 from .build import normal
 from ..stepnames import step_name
 
 NAME = "attention"
-WEIGHT_MODES = ("bf16", "fp8")   # params.weights: ModelArgs.dtype of the case (upstream's default is fp8)
-FP8_WEIGHTS = ("wq_a", "wq_b", "wkv", "wo_b", "idx.wq_b")   # the Linears fp8 makes fp8 (§6.4)
-ROPE_TAIL = "config.rope_head_dim"   # the RoPE'd channels of every row: judged by their pairs' norm
+WEIGHT_MODES = ("bf16", "fp8")  # params.weights: ModelArgs.dtype of the case (upstream's default is fp8)
+FP8_WEIGHTS = ("wq_a", "wq_b", "wkv", "wo_b", "idx.wq_b")  # the Linears fp8 makes fp8 (§6.4)
+ROPE_TAIL = "config.rope_head_dim"  # the RoPE'd channels of every row: judged by their pairs' norm
 CONFIGS = {"tiny-a": TINY_A, "production-tier": PRODUCTION_TIER}
 NINF = float("-inf")
 
@@ -76,10 +84,15 @@ def _expand(spec: CaseSpec) -> list[CaseSpec]:
             raise CaseSpecError(f"{spec.source}: schedule {item!r} ends past max_seq_len {cfg.max_seq_len}")
         upstream = is_upstream_schedule(schedule)
         name = schedule_name(schedule)
-        full = {**params, "config_name": cfg_name, "config": dataclasses.asdict(cfg),
-                "schedule": [list(s) for s in schedule], "schedule_name": name,
-                "schedule_kind": "upstream" if upstream else "harness-generalisation (docs/attention.md, §10.3)",
-                "generalisation": not upstream}
+        full = {
+            **params,
+            "config_name": cfg_name,
+            "config": dataclasses.asdict(cfg),
+            "schedule": [list(s) for s in schedule],
+            "schedule_name": name,
+            "schedule_kind": "upstream" if upstream else "harness-generalisation (docs/attention.md, §10.3)",
+            "generalisation": not upstream,
+        }
         case = f"{spec.name}-{name}{'' if upstream else '-gen'}-{policy}"
         out.append(dataclasses.replace(spec, name=case, params=full, build=build))
     if not out:
@@ -98,14 +111,14 @@ def _inputs(params, build, gen):
     L, T = cfg.n_total_layers, steps[-1][1]
     # drawn for max_seq_len positions, so every schedule of one data label sees the same rows
     x = normal(data, [L, b, cfg.max_seq_len, cfg.dim], float(build.get("x_scale", 1.0)))[:, :, :T].clone()
-    seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=data))
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=data))
     layers, roles = init_weights(cfg, seed), layer_roles(cfg)
-    out = {"x": x, "attn_sink": torch.stack([w.attn_sink for w in layers])}    # [L, b, T, dim], [L, h]
+    out = {"x": x, "attn_sink": torch.stack([w.attn_sink for w in layers])}  # [L, b, T, dim], [L, h]
     first = layers[0]
     out.update({name: getattr(first, name) for name in BASE_WEIGHTS})
     src = next((r.layer for r in roles if r.is_kv_source and r.ratio == 2), None)
     src = src if src is not None else next((r.layer for r in roles if r.is_kv_source), None)
-    if src is not None:   # one compressor weight set for every kv source (bf16 values, exact)
+    if src is not None:  # one compressor weight set for every kv source (bf16 values, exact)
         comp = layers[src].compressor
         out["comp.wkv"], out["comp.norm"] = comp.wkv.to(torch.bfloat16), comp.norm_w
         if comp.wgate is not None:
@@ -128,7 +141,6 @@ def weights_mode(params: dict) -> str:
     return mode
 
 
-
 # --- the reference, one layer one step ---------------------------------------------------------
 
 
@@ -141,22 +153,34 @@ def _layer_weights(inputs: dict, role: LayerRole, cfg: AttnConfig) -> LayerWeigh
         comp = CompressorWeights(wkv, inputs["comp.norm"], gate, cfg.norm_eps)
     if role.is_index_source:
         indexer = IndexerWeights(weight_input(inputs, "idx.wq_b"), inputs["idx.weights_proj"])
-    return LayerWeights(**{n: weight_input(inputs, n) for n in BASE_WEIGHTS}, attn_sink=inputs["attn_sink"],
-                        compressor=comp, indexer=indexer, wk=inputs.get("wk"), k_norm=inputs.get("k_norm"))
+    return LayerWeights(
+        **{n: weight_input(inputs, n) for n in BASE_WEIGHTS},
+        attn_sink=inputs["attn_sink"],
+        compressor=comp,
+        indexer=indexer,
+        wk=inputs.get("wk"),
+        k_norm=inputs.get("k_norm"),
+    )
 
 
 def _run_reference(inputs, params):
     cfg = config_of(params)
     layer, start = int(params["layer"]), int(params["start"])
     role = layer_roles(cfg)[layer]
-    state = LayerState(inputs["window"], inputs.get("compress_kv"), inputs.get("index_k"),
-                       inputs.get("comp_ring"), start)
-    unknown = {f"{slot}_from": -1 for slot in SLOTS}   # -1: published before this call
+    state = LayerState(
+        inputs["window"], inputs.get("compress_kv"), inputs.get("index_k"), inputs.get("comp_ring"), start
+    )
+    unknown = {f"{slot}_from": -1 for slot in SLOTS}  # -1: published before this call
     runtime = SharedRuntime(**{slot: inputs.get(f"rt.{slot}") for slot in SLOTS}, **unknown)
-    res = attention_step(layer, cfg, _layer_weights(inputs, role, cfg), state, runtime, inputs["x"],
-                         start, params["index_k_policy"])
-    out = {"out": res.out, "window_ids": res.window_ids, "compressed_ids": res.compressed_ids,
-           "window": res.state.window}
+    res = attention_step(
+        layer, cfg, _layer_weights(inputs, role, cfg), state, runtime, inputs["x"], start, params["index_k_policy"]
+    )
+    out = {
+        "out": res.out,
+        "window_ids": res.window_ids,
+        "compressed_ids": res.compressed_ids,
+        "window": res.state.window,
+    }
     if role.is_candidate_source:
         b, S = res.out.shape[:2]
         out["candidates"] = res.candidates if res.candidates is not None else torch.zeros(b, S, 0, dtype=torch.bool)
@@ -174,9 +198,17 @@ def _run_reference(inputs, params):
 def _intermediates(res, role: LayerRole) -> dict:
     """The call's values at its decision points (INTERMEDIATES), as the reference computed them."""
     d = res.dumps
-    found = {"qr": d["qr"], "kv": d["window_kv_pre"], "latent": d.get("latent"), "compress_pre": d.get("compress_pre"),
-             "index_k_pre": d.get("index_k_pre"), "index_q": d.get("index_q"),
-             "index_scores": d.get("visible_scores"), "o": d["o"], "z": d["z"]}
+    found = {
+        "qr": d["qr"],
+        "kv": d["window_kv_pre"],
+        "latent": d.get("latent"),
+        "compress_pre": d.get("compress_pre"),
+        "index_k_pre": d.get("index_k_pre"),
+        "index_q": d.get("index_q"),
+        "index_scores": d.get("visible_scores"),
+        "o": d["o"],
+        "z": d["z"],
+    }
     return {k: v for k, v in found.items() if k in intermediate_names(role) and v is not None}
 
 
@@ -217,7 +249,7 @@ def _reference_with_aux(inputs, params):
     for step, rows in window_pre.items():
         aux[step_name(step, "window_pre")] = torch.stack(rows).contiguous()
     for (i, layer), value in scores.items():
-        for r in roles:   # an index source's scores also judge the layers that reuse its selection
+        for r in roles:  # an index source's scores also judge the layers that reuse its selection
             if r.ratio and r.index_source == layer:
                 aux[step_name(i, f"l{r.layer}.scores")] = value
     return outputs, aux
@@ -235,132 +267,300 @@ def _chain(inputs, expected, aux, actual, params, judge, boundary):
 OUTPUTS = (
     OutputSpec("out", "bf16", "the layer's attention output after wo_a/wo_b", "bf16", "b S dim", accumulates=True),
     OutputSpec("window_ids", "exact", "every layer's window lanes (oldest first, -1 absent)", "int32", "L b S w"),
-    OutputSpec("compressed_ids", "index", "selected compressed rows + offset, ascending, -1 tail; judged tie-aware "
-               "against aux sNN.lK.scores", "int32", "b S k", order="set", scores="{prefix}scores"),
+    OutputSpec(
+        "compressed_ids",
+        "index",
+        "selected compressed rows + offset, ascending, -1 tail; judged tie-aware against aux sNN.lK.scores",
+        "int32",
+        "b S k",
+        order="set",
+        scores="{prefix}scores",
+    ),
     OutputSpec("candidates", "exact", "the candidate source's published block mask", "bool", "b S T"),
-    OutputSpec("window_rows", "quantised", "every layer's ring slots written this step, oldest first (fp8 QDQ; "
-               "boundary flips against aux sNN.window_pre)", "bf16", "L b n hd", quant="fp8_ue8m0",
-               pre="{prefix}window_pre", pre_tail=ROPE_TAIL),
-    OutputSpec("compress_rows", "quantised", "compressed cache rows written this step (fp4 QDQ; boundary flips "
-               "against aux sNN.lK.compress_pre)", "bf16", "b G hd", quant="fp4_e4m3", pre="{prefix}compress_pre",
-               pre_tail=ROPE_TAIL),
-    OutputSpec("index_k_rows", "quantised", "index-key rows written this step (fp4 QDQ; boundary flips against aux "
-               "sNN.lK.index_k_pre)", "bf16", "b G ihd", quant="fp4_e8m0", pre="{prefix}index_k_pre",
-               pre_tail=ROPE_TAIL),
+    OutputSpec(
+        "window_rows",
+        "quantised",
+        "every layer's ring slots written this step, oldest first (fp8 QDQ; boundary flips against aux sNN.window_pre)",
+        "bf16",
+        "L b n hd",
+        quant="fp8_ue8m0",
+        pre="{prefix}window_pre",
+        pre_tail=ROPE_TAIL,
+    ),
+    OutputSpec(
+        "compress_rows",
+        "quantised",
+        "compressed cache rows written this step (fp4 QDQ; boundary flips against aux sNN.lK.compress_pre)",
+        "bf16",
+        "b G hd",
+        quant="fp4_e4m3",
+        pre="{prefix}compress_pre",
+        pre_tail=ROPE_TAIL,
+    ),
+    OutputSpec(
+        "index_k_rows",
+        "quantised",
+        "index-key rows written this step (fp4 QDQ; boundary flips against aux sNN.lK.index_k_pre)",
+        "bf16",
+        "b G ihd",
+        quant="fp4_e8m0",
+        pre="{prefix}index_k_pre",
+        pre_tail=ROPE_TAIL,
+    ),
     OutputSpec("ring_pending", "f32", "the ratio-2 compressor ring's live slots", "f32", "b Pn 2 hd"),
-    OutputSpec("published", "exact", "layer l published compress_kv, index_k, topk_idxs, candidates", "bool", "L 4",
-               labels=SLOTS),
+    OutputSpec(
+        "published",
+        "exact",
+        "layer l published compress_kv, index_k, topk_idxs, candidates",
+        "bool",
+        "L 4",
+        labels=SLOTS,
+    ),
 )
 INTERMEDIATES = (
-    OutputSpec("qr", "bf16", "q_norm(wq_a(x)), the normed query latent", "bf16", "b S q_lora",
-               feeds="act_quant of wq_b's input and of the indexer's wq_b (fp8 checkpoint)", accumulates=True),
-    OutputSpec("kv", "bf16", "the window KV rows after RoPE, before their fp8 QDQ", "bf16", "b S hd",
-               pre_tail=ROPE_TAIL, feeds="the fp8 QDQ of the window rows", accumulates=True),
-    OutputSpec("latent", "bf16", "the compressor's rows written this step, before RoPE (kv_finish's input)", "bf16",
-               "b G hd", when="a kv source", kept="aux",
-               feeds="RoPE and the index key's wk (no decision: a bf16 rounding)"),
-    OutputSpec("compress_pre", "bf16", "the compressed rows written this step after RoPE, before their fp4 QDQ",
-               "bf16", "b G hd", when="a kv source", pre_tail=ROPE_TAIL, kept="aux",
-               feeds="the fp4 e4m3 QDQ of the compressed rows"),
-    OutputSpec("index_k_pre", "bf16", "the index keys written this step after RoPE, before their fp4 QDQ", "bf16",
-               "b G D", when="a key-owning index source", pre_tail=ROPE_TAIL, kept="aux",
-               feeds="the fp4 e8m0 QDQ of the index keys"),
-    OutputSpec("index_q", "bf16", "the index query after RoPE, before its fp4 round trip", "bf16", "b S H D",
-               when="an index source that sees compressed rows", pre_tail=ROPE_TAIL,
-               feeds="the fp4 e8m0 round trip of the index query", accumulates=True),
-    OutputSpec("index_scores", "bf16", "the index scores of the rows each query sees (-inf where it cannot), "
-               "before candidate masking", "bf16", "b S T", when="an index source that sees compressed rows",
-               feeds="the top-k and the candidate blocks", terms="{prefix}index_scores_terms", precision=True),
-    OutputSpec("o", "bf16", "sparse attention's output after the inverse RoPE (wo_a's input)", "bf16", "b S h hd",
-               pre_tail=ROPE_TAIL, feeds="wo_a (no decision: judged by sparse_attn's tolerance)"),
-    OutputSpec("z", "bf16", "the grouped wo_a output (wo_b's input)", "bf16", "b S g*o_lora",
-               feeds="act_quant of wo_b's input (fp8 checkpoint)"),
+    OutputSpec(
+        "qr",
+        "bf16",
+        "q_norm(wq_a(x)), the normed query latent",
+        "bf16",
+        "b S q_lora",
+        feeds="act_quant of wq_b's input and of the indexer's wq_b (fp8 checkpoint)",
+        accumulates=True,
+    ),
+    OutputSpec(
+        "kv",
+        "bf16",
+        "the window KV rows after RoPE, before their fp8 QDQ",
+        "bf16",
+        "b S hd",
+        pre_tail=ROPE_TAIL,
+        feeds="the fp8 QDQ of the window rows",
+        accumulates=True,
+    ),
+    OutputSpec(
+        "latent",
+        "bf16",
+        "the compressor's rows written this step, before RoPE (kv_finish's input)",
+        "bf16",
+        "b G hd",
+        when="a kv source",
+        kept="aux",
+        feeds="RoPE and the index key's wk (no decision: a bf16 rounding)",
+    ),
+    OutputSpec(
+        "compress_pre",
+        "bf16",
+        "the compressed rows written this step after RoPE, before their fp4 QDQ",
+        "bf16",
+        "b G hd",
+        when="a kv source",
+        pre_tail=ROPE_TAIL,
+        kept="aux",
+        feeds="the fp4 e4m3 QDQ of the compressed rows",
+    ),
+    OutputSpec(
+        "index_k_pre",
+        "bf16",
+        "the index keys written this step after RoPE, before their fp4 QDQ",
+        "bf16",
+        "b G D",
+        when="a key-owning index source",
+        pre_tail=ROPE_TAIL,
+        kept="aux",
+        feeds="the fp4 e8m0 QDQ of the index keys",
+    ),
+    OutputSpec(
+        "index_q",
+        "bf16",
+        "the index query after RoPE, before its fp4 round trip",
+        "bf16",
+        "b S H D",
+        when="an index source that sees compressed rows",
+        pre_tail=ROPE_TAIL,
+        feeds="the fp4 e8m0 round trip of the index query",
+        accumulates=True,
+    ),
+    OutputSpec(
+        "index_scores",
+        "bf16",
+        "the index scores of the rows each query sees (-inf where it cannot), before candidate masking",
+        "bf16",
+        "b S T",
+        when="an index source that sees compressed rows",
+        feeds="the top-k and the candidate blocks",
+        terms="{prefix}index_scores_terms",
+        precision=True,
+    ),
+    OutputSpec(
+        "o",
+        "bf16",
+        "sparse attention's output after the inverse RoPE (wo_a's input)",
+        "bf16",
+        "b S h hd",
+        pre_tail=ROPE_TAIL,
+        feeds="wo_a (no decision: judged by sparse_attn's tolerance)",
+    ),
+    OutputSpec(
+        "z",
+        "bf16",
+        "the grouped wo_a output (wo_b's input)",
+        "bf16",
+        "b S g*o_lora",
+        feeds="act_quant of wo_b's input (fp8 checkpoint)",
+    ),
 )
 INTERMEDIATE_NAMES = tuple(o.name for o in INTERMEDIATES)
-WEIGHT = "bf16|uint8"   # bf16, or float8_e4m3fn codes with weights: fp8
+WEIGHT = "bf16|uint8"  # bf16, or float8_e4m3fn codes with weights: fp8
 INPUTS = (
     T("x", "bf16", "L b Tn dim", "each layer's input rows for every position (a call gets x[layer, :, start:end])"),
     T("attn_sink", "f32", "L h", "each layer's sink logits"),
-    T("wq_a", WEIGHT, "q_lora dim"), T("wq_a.scale", "uint8", "q_lora/32 dim/32", when="weights: fp8"),
+    T("wq_a", WEIGHT, "q_lora dim"),
+    T("wq_a.scale", "uint8", "q_lora/32 dim/32", when="weights: fp8"),
     T("q_norm", "bf16", "q_lora"),
-    T("wq_b", WEIGHT, "h*hd q_lora"), T("wq_b.scale", "uint8", "h*hd/32 q_lora/32", when="weights: fp8"),
-    T("wkv", WEIGHT, "hd dim"), T("wkv.scale", "uint8", "hd/32 dim/32", when="weights: fp8"),
-    T("kv_norm", "bf16", "hd"), T("wo_a", "bf16", "g*o_lora h*hd/g"),
-    T("wo_b", WEIGHT, "dim g*o_lora"), T("wo_b.scale", "uint8", "dim/32 g*o_lora/32", when="weights: fp8"),
+    T("wq_b", WEIGHT, "h*hd q_lora"),
+    T("wq_b.scale", "uint8", "h*hd/32 q_lora/32", when="weights: fp8"),
+    T("wkv", WEIGHT, "hd dim"),
+    T("wkv.scale", "uint8", "hd/32 dim/32", when="weights: fp8"),
+    T("kv_norm", "bf16", "hd"),
+    T("wo_a", "bf16", "g*o_lora h*hd/g"),
+    T("wo_b", WEIGHT, "dim g*o_lora"),
+    T("wo_b.scale", "uint8", "dim/32 g*o_lora/32", when="weights: fp8"),
     T("comp.wkv", "bf16", "hd dim", "kv sources' compressor", when="a kv source"),
-    T("comp.wgate", "bf16", "hd dim", when="a ratio-2 kv source"), T("comp.norm", "bf16", "hd", when="a kv source"),
+    T("comp.wgate", "bf16", "hd dim", when="a ratio-2 kv source"),
+    T("comp.norm", "bf16", "hd", when="a kv source"),
     T("idx.wq_b", WEIGHT, "H*D q_lora", when="an index source"),
     T("idx.wq_b.scale", "uint8", "H*D/32 q_lora/32", when="an index source, weights: fp8"),
     T("idx.weights_proj", "bf16", "H dim", when="an index source"),
-    T("wk", "bf16", "D hd", when="a key-owning index source"), T("k_norm", "bf16", "D", when="a key-owning index source"),
+    T("wk", "bf16", "D hd", when="a key-owning index source"),
+    T("k_norm", "bf16", "D", when="a key-owning index source"),
 )
 RETURNS = (
-    T("out", "bf16", "b S dim"), T("window_ids", "int32", "b S w"), T("compressed_ids", "int32", "b S k"),
+    T("out", "bf16", "b S dim"),
+    T("window_ids", "int32", "b S w"),
+    T("compressed_ids", "int32", "b S k"),
     T("candidates", "bool", "b S T", when="the candidate source"),
     T("window", "bf16", "b win hd", "the layer's window ring after the step"),
     T("compress_kv", "bf16", "b max_seq/r hd", "the compressed cache", when="a kv source"),
     T("comp_ring", "f32", "b Sr 2 hd", "the compressor ring", when="a kv source"),
     T("index_k", "bf16", "b max_seq/r D", "the index-key cache", when="a key-owning index source"),
-    T("rt.<slot>", "as the slot", "", "each shared slot the layer published this step (compress_kv, index_k, "
-      "topk_idxs, candidates)", when="it published"),
+    T(
+        "rt.<slot>",
+        "as the slot",
+        "",
+        "each shared slot the layer published this step (compress_kv, index_k, topk_idxs, candidates)",
+        when="it published",
+    ),
 )
 PARAMS = (
     P("config", "mapping", "every AttnConfig field (docs/attention.md)"),
     P("config_name", "str", "the named config", required=False, default="tiny-a"),
     P("index_k_policy", "str", "§10.1: upstream (bit-faithful stale read) or fixed", choices=("upstream", "fixed")),
-    P("weights", "str", "the checkpoint dtype of the fp8-able Linears", required=False, choices=WEIGHT_MODES,
-      default="bf16"),
+    P(
+        "weights",
+        "str",
+        "the checkpoint dtype of the fp8-able Linears",
+        required=False,
+        choices=WEIGHT_MODES,
+        default="bf16",
+    ),
     P("schedule", "int_pairs", "the steps [start, end)"),
-    P("schedule_name", "str", "the schedule's name", required=False,
-      derive=lambda p: schedule_name([tuple(s) for s in p["schedule"]]), default_doc="the name of `schedule`"),
-    P("schedule_kind", "str", "upstream or the harness's generalisation", required=False,
-      derive=lambda p: "harness-generalisation (docs/attention.md, §10.3)" if p.get("generalisation") else "upstream",
-      default_doc="from `generalisation`"),
-    P("generalisation", "bool", "the schedule goes beyond upstream's prefill-then-single-token decode", required=False,
-      default=False),
+    P(
+        "schedule_name",
+        "str",
+        "the schedule's name",
+        required=False,
+        derive=lambda p: schedule_name([tuple(s) for s in p["schedule"]]),
+        default_doc="the name of `schedule`",
+    ),
+    P(
+        "schedule_kind",
+        "str",
+        "upstream or the harness's generalisation",
+        required=False,
+        derive=lambda p: "harness-generalisation (docs/attention.md, §10.3)" if p.get("generalisation") else "upstream",
+        default_doc="from `generalisation`",
+    ),
+    P(
+        "generalisation",
+        "bool",
+        "the schedule goes beyond upstream's prefill-then-single-token decode",
+        required=False,
+        default=False,
+    ),
     P("step", "int", "this call's step", driver=True),
     P("start", "int", "this step's first position", "positions", driver=True),
     P("end", "int", "one past this step's last position", "positions", driver=True),
     P("layer", "int", "this call's layer", driver=True),
     P("role", "mapping", "the layer's role (LayerRole fields: ratio, mode, sources)", driver=True),
 )
-DIMS = {"L": "layers", "b": "batch", "Tn": "positions of the whole schedule", "S": "tokens of the step",
-        "dim": "hidden size", "h": "heads", "hd": "head_dim", "q_lora": "q_lora_rank", "g": "o_groups",
-        "o_lora": "o_lora_rank", "H": "index heads", "D": "index_head_dim", "w": "window lanes per query",
-        "k": "compressed lanes per query", "T": "compressed rows visible at the step's end", "n": "ring slots written",
-        "G": "compressed rows written", "Pn": "pending positions", "2": "(score, latent)", "4": "the shared slots",
-        "win": "window_size", "Sr": "ring slots", "max_seq/r": "max_seq_len // ratio", "/32": "32-wide tiles"}
+DIMS = {
+    "L": "layers",
+    "b": "batch",
+    "Tn": "positions of the whole schedule",
+    "S": "tokens of the step",
+    "dim": "hidden size",
+    "h": "heads",
+    "hd": "head_dim",
+    "q_lora": "q_lora_rank",
+    "g": "o_groups",
+    "o_lora": "o_lora_rank",
+    "H": "index heads",
+    "D": "index_head_dim",
+    "w": "window lanes per query",
+    "k": "compressed lanes per query",
+    "T": "compressed rows visible at the step's end",
+    "n": "ring slots written",
+    "G": "compressed rows written",
+    "Pn": "pending positions",
+    "2": "(score, latent)",
+    "4": "the shared slots",
+    "win": "window_size",
+    "Sr": "ring slots",
+    "max_seq/r": "max_seq_len // ratio",
+    "/32": "32-wide tiles",
+}
 
 
-register(Component(
-    name=NAME,
-    summary="attention of every layer over prefill + decode, shared runtime explicit; per step and layer",
-    upstream="M:613-789 (Attention), M:1166-1180 (shared_attn); §10.1 policy; chunks: harness §10.3",
-    inputs=INPUTS,
-    outputs=OUTPUTS,
-    returns=RETURNS,
-    params=PARAMS,
-    dims=DIMS,
-    steps="one call per (step, layer), layers in order: x [b, S, dim] is the layer's chunk, the weights its role "
-          "uses under the names above, its state (window; compress_kv, comp_ring; index_k) as it returned them and "
-          "the shared slots published so far as rt.<slot>; recorded per step as sNN.lK.<output> (per layer) and "
-          "sNN.<output> (stacked over layers)",
-    build=_inputs,
-    reference=_reference,
-    execute=drive_layers,
-    reference_with_aux=_reference_with_aux,
-    expected_outputs=expected_outputs,
-    intermediates=INTERMEDIATES,
-    chain=_chain,
-    derived_specs=(OutputSpec("candidate_blocks", "index", "the kept block ids of a candidates mask that differs from "
-                              "the reference's selection (ascending, then -1), judged as candidates.select judges its "
-                              "blocks: against the ranked block scores", "int64", "b S nb", order="set",
-                              scores="{prefix}candidate_ranked"),),
-    floor=4,
-    notes="one implementation call per (step, layer), layers in order: inputs x [b, S, dim], the layer's weights "
-          "(wq_a, q_norm, wq_b, wkv, kv_norm, wo_a, wo_b, attn_sink; comp.* / idx.* / wk, k_norm by role), its "
-          "state (window; compress_kv, comp_ring; index_k) and the shared slots published so far (rt.*); params "
-          "config, role, layer, step, start, end, index_k_policy. Returns out, window_ids, compressed_ids, "
-          "candidates (candidate source), the new state and the rt.* slots it published. docs/attention.md.",
-    extra={"expand": _expand},
-))
+register(
+    Component(
+        name=NAME,
+        summary="attention of every layer over prefill + decode, shared runtime explicit; per step and layer",
+        upstream="M:613-789 (Attention), M:1166-1180 (shared_attn); §10.1 policy; chunks: harness §10.3",
+        inputs=INPUTS,
+        outputs=OUTPUTS,
+        returns=RETURNS,
+        params=PARAMS,
+        dims=DIMS,
+        steps="one call per (step, layer), layers in order: x [b, S, dim] is the layer's chunk, the weights its role "
+        "uses under the names above, its state (window; compress_kv, comp_ring; index_k) as it returned them and "
+        "the shared slots published so far as rt.<slot>; recorded per step as sNN.lK.<output> (per layer) and "
+        "sNN.<output> (stacked over layers)",
+        build=_inputs,
+        reference=_reference,
+        execute=drive_layers,
+        reference_with_aux=_reference_with_aux,
+        expected_outputs=expected_outputs,
+        intermediates=INTERMEDIATES,
+        chain=_chain,
+        derived_specs=(
+            OutputSpec(
+                "candidate_blocks",
+                "index",
+                "the kept block ids of a candidates mask that differs from "
+                "the reference's selection (ascending, then -1), judged as candidates.select judges its "
+                "blocks: against the ranked block scores",
+                "int64",
+                "b S nb",
+                order="set",
+                scores="{prefix}candidate_ranked",
+            ),
+        ),
+        floor=4,
+        notes="one implementation call per (step, layer), layers in order: inputs x [b, S, dim], the layer's weights "
+        "(wq_a, q_norm, wq_b, wkv, kv_norm, wo_a, wo_b, attn_sink; comp.* / idx.* / wk, k_norm by role), its "
+        "state (window; compress_kv, comp_ring; index_k) and the shared slots published so far (rt.*); params "
+        "config, role, layer, step, start, end, index_k_policy. Returns out, window_ids, compressed_ids, "
+        "candidates (candidate source), the new state and the rt.* slots it published. docs/attention.md.",
+        extra={"expand": _expand},
+    )
+)

@@ -29,7 +29,7 @@ from ..schedules import max_step, validate_schedule
 from ..stepnames import step_name
 
 BASE_WEIGHTS = ("wq_a", "q_norm", "wq_b", "wkv", "kv_norm", "wo_a", "wo_b")
-STACKED = ("window_ids", "window_rows", "published")   # recorded once per step, stacked over layers
+STACKED = ("window_ids", "window_rows", "published")  # recorded once per step, stacked over layers
 
 
 def config_of(params: dict) -> AttnConfig:
@@ -125,9 +125,12 @@ def recorded_names(role: LayerRole) -> tuple[str, ...]:
 def _record(role: LayerRole, cfg: AttnConfig, start: int, end: int, result: dict) -> tuple[dict, dict]:
     """(per-layer tensors, this layer's share of the STACKED tensors) compared for one step."""
     win = cfg.window_size
-    slots = [p % win for p in range(max(start, end - win), end)]   # ring slots written, oldest first
-    shared = {"window_ids": result["window_ids"], "window_rows": result["window"][:, slots],
-              "published": torch.tensor([f"rt.{slot}" in result for slot in SLOTS])}
+    slots = [p % win for p in range(max(start, end - win), end)]  # ring slots written, oldest first
+    shared = {
+        "window_ids": result["window_ids"],
+        "window_rows": result["window"][:, slots],
+        "published": torch.tensor([f"rt.{slot}" in result for slot in SLOTS]),
+    }
     rec = {"out": result["out"]}
     if role.ratio:
         rec["compressed_ids"] = result["compressed_ids"]
@@ -157,9 +160,12 @@ def _stack(step: int, name: str, per_layer: list[torch.Tensor]) -> torch.Tensor:
     first = per_layer[0]
     for layer, t in enumerate(per_layer):
         if t.dtype != first.dtype or t.shape != first.shape:
-            raise StepError(step, f"layer {layer} returned {name} as {t.dtype} {list(t.shape)} but layer 0 as "
-                                  f"{first.dtype} {list(first.shape)}; every layer's must agree",
-                            _layout_error(t, first))
+            raise StepError(
+                step,
+                f"layer {layer} returned {name} as {t.dtype} {list(t.shape)} but layer 0 as "
+                f"{first.dtype} {list(first.shape)}; every layer's must agree",
+                _layout_error(t, first),
+            )
     return torch.stack(per_layer)
 
 
@@ -187,8 +193,12 @@ def drive_layers(call, inputs: dict, params: dict) -> dict:
             layer = role.layer
             where = f"layer {layer} ({role.mode}, ratio {role.ratio}), [{start}, {end})"
             given = {k: v.clone() for k, v in states[layer].items()}
-            call_in = {"x": inputs["x"][layer, :, start:end].contiguous(), **weights[layer], **given,
-                       **{f"rt.{k}": v.clone() for k, v in runtime.items()}}
+            call_in = {
+                "x": inputs["x"][layer, :, start:end].contiguous(),
+                **weights[layer],
+                **given,
+                **{f"rt.{k}": v.clone() for k, v in runtime.items()},
+            }
             call_params = {**params, "step": i, "start": start, "end": end, "layer": layer, "role": role_dict(role)}
             try:
                 result = call(call_in, call_params)
@@ -226,10 +236,13 @@ def _check_result(step: int, where: str, role: LayerRole, result, protocol: tupl
     extra = sorted(n for n in result if n not in allowed)
     if missing or extra:
         may = ", ".join(f"rt.{s}" for s in publishable(role)) or "no shared slot"
-        raise StepError(step, f"{where} returned {sorted(result)}; a {role.mode} layer returns {sorted(required)}, "
-                              f"may publish {may} and may return the intermediates "
-                              f"{', '.join(intermediate_names(role))}" + (f"; unexpected {extra}" if extra else ""),
-                        names_error(missing))
+        raise StepError(
+            step,
+            f"{where} returned {sorted(result)}; a {role.mode} layer returns {sorted(required)}, "
+            f"may publish {may} and may return the intermediates "
+            f"{', '.join(intermediate_names(role))}" + (f"; unexpected {extra}" if extra else ""),
+            names_error(missing),
+        )
     for name, value in result.items():
         if not isinstance(value, torch.Tensor):
             raise StepError(step, f"{where}: output {name!r} is a {type(value).__name__}, not a tensor", "type error")
@@ -240,9 +253,12 @@ def _check_state(step: int, where: str, role: LayerRole, given: dict, result: di
     for name in state_names(role):
         want, got = given[name], result[name]
         if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
-            raise StepError(step, f"{where}: returned state {name!r} as {got.dtype} {list(got.shape)}; it must keep "
-                                  f"the layout it was given, {want.dtype} {list(want.shape)} (docs/attention.md)",
-                            _layout_error(got, want))
+            raise StepError(
+                step,
+                f"{where}: returned state {name!r} as {got.dtype} {list(got.shape)}; it must keep "
+                f"the layout it was given, {want.dtype} {list(want.shape)} (docs/attention.md)",
+                _layout_error(got, want),
+            )
 
 
 def _layout_error(got: torch.Tensor, want: torch.Tensor) -> str:

@@ -30,7 +30,13 @@ from ..registry import ParamSpec as P
 from ..registry import TensorSpec as T
 from ..stepnames import step_of
 from ..schedules import (
-    compositions, is_rollback, max_step, parse_schedule_name, ragged, schedule_name, validate_schedule,
+    compositions,
+    is_rollback,
+    max_step,
+    parse_schedule_name,
+    ragged,
+    schedule_name,
+    validate_schedule,
 )
 from .build import need, normal
 from .steps import drive_steps, step_output_names
@@ -80,8 +86,15 @@ def expand_schedules(spec: CaseSpec) -> list[CaseSpec]:
     for item in specs if isinstance(specs, list) else [specs]:
         for schedule in schedules_from(item):
             params = {**spec.params, "schedule": [list(step) for step in schedule]}
-            out.append(dataclasses.replace(spec, name=f"{spec.name}-{schedule_name(schedule)}", params=params,
-                                           build=build, source=f"{spec.source} ({item})"))
+            out.append(
+                dataclasses.replace(
+                    spec,
+                    name=f"{spec.name}-{schedule_name(schedule)}",
+                    params=params,
+                    build=build,
+                    source=f"{spec.source} ({item})",
+                )
+            )
     return out
 
 
@@ -108,8 +121,8 @@ def _compressor_inputs(params, build, gen):
     schedule = validate_schedule(params["schedule"])
     dim, hd, b = (int(need(build, k, "compressor")) for k in ("dim", "head_dim", "batch"))
     data = _data_generator(build, gen)
-    wkv = normal(data, [hd, dim], dim ** -0.5)
-    wgate = normal(data, [hd, dim], float(build.get("score_scale", 1.0)) * dim ** -0.5)
+    wkv = normal(data, [hd, dim], dim**-0.5)
+    wgate = normal(data, [hd, dim], float(build.get("score_scale", 1.0)) * dim**-0.5)
     norm_w = normal(data, [hd], 0.1, torch.float32).add(1.0).to(torch.bfloat16)
     accepted = normal(data, [b, max(end for _, end in schedule), dim], 1.0)  # [b, T, dim]
     chunks = []
@@ -156,7 +169,7 @@ def _compressor_step_inputs(params):
     offsets = _stream_offsets(params["schedule"])
 
     def step_inputs(inputs, i, start, end):
-        x = inputs["x"][:, offsets[i]:offsets[i + 1]]  # this step's chunk [b, n, dim]
+        x = inputs["x"][:, offsets[i] : offsets[i + 1]]  # this step's chunk [b, n, dim]
         return {"x": x, "wkv": inputs["wkv"], "wgate": inputs["wgate"], "norm_w": inputs["norm_w"]}
 
     return step_inputs
@@ -177,10 +190,14 @@ def _ring_kept(step_in, result, step_params):
             f"returned ring {ring.dtype} {list(ring.shape)}, expected the canonical layout float32 "
             f"{list(given.shape)} (S slots of (score, latent), position p in slot p mod S; docs/schedules.md)"
         )
-    read = cp.live_slots(next_start(step_params["schedule"], int(step_params["step"])), _ratio(step_params),
-                         ring.shape[1])
-    return {"rows": result["rows"], "row_positions": result["row_positions"],
-            "ring_kept": ring.detach().cpu()[:, read].contiguous()}
+    read = cp.live_slots(
+        next_start(step_params["schedule"], int(step_params["step"])), _ratio(step_params), ring.shape[1]
+    )
+    return {
+        "rows": result["rows"],
+        "row_positions": result["row_positions"],
+        "ring_kept": ring.detach().cpu()[:, read].contiguous(),
+    }
 
 
 def _explain(name: str, params) -> str:
@@ -194,60 +211,93 @@ def _explain(name: str, params) -> str:
     read = list(cp.pending_positions(restart, 2))
     if restart == end:
         return f"it holds the ring slots of position(s) {read}: the open group at the step's end {end}"
-    return (f"it holds the ring slot(s) of position(s) {read}, which the next step [{restart}, "
-            f"{schedule[step + 1][1]}) reads: a rollback to {restart}, so the draft step [{start}, {end}) must keep "
-            f"them although its own open group is {list(cp.pending_positions(end, 2))} (a step keeps positions "
-            f"{cp.kept_positions(start, end, 2)}; docs/schedules.md, \"Which slots to keep\")")
+    return (
+        f"it holds the ring slot(s) of position(s) {read}, which the next step [{restart}, "
+        f"{schedule[step + 1][1]}) reads: a rollback to {restart}, so the draft step [{start}, {end}) must keep "
+        f"them although its own open group is {list(cp.pending_positions(end, 2))} (a step keeps positions "
+        f"{cp.kept_positions(start, end, 2)}; docs/schedules.md, \"Which slots to keep\")"
+    )
 
 
 def _compressor_execute(call, inputs, params):
-    return drive_steps(call, inputs, params, _compressor_step_inputs(params), state={"ring": "ring"},
-                       outputs=STEP_RESULT, derive=_ring_kept)
+    return drive_steps(
+        call,
+        inputs,
+        params,
+        _compressor_step_inputs(params),
+        state={"ring": "ring"},
+        outputs=STEP_RESULT,
+        derive=_ring_kept,
+    )
 
 
-register(Component(
-    name="compressor",
-    summary="ratio 1/2 pre-RoPE latent rows over a chunk schedule; the fp32 state ring checked after every step",
-    upstream="M:429-485 (Compressor); chunked steps: harness generalisation of §3.5/§10.3, seed 000 §A.1-A.2",
-    inputs=(T("x", "bf16", "b n dim", "this step's inputs (the golden holds every step's, in step order)"),
+register(
+    Component(
+        name="compressor",
+        summary="ratio 1/2 pre-RoPE latent rows over a chunk schedule; the fp32 state ring checked after every step",
+        upstream="M:429-485 (Compressor); chunked steps: harness generalisation of §3.5/§10.3, seed 000 §A.1-A.2",
+        inputs=(
+            T("x", "bf16", "b n dim", "this step's inputs (the golden holds every step's, in step order)"),
             T("wkv", "bf16", "hd dim", "promoted exactly to fp32 at ratio 2"),
-            T("wgate", "bf16", "hd dim", "ratio 2; empty [0, dim] at ratio 1"), T("norm_w", "bf16", "hd"),
-            T("ring", "f32", "b Sr 2 hd", "the ring the previous step returned (slot p % Sr: (score, latent))")),
-    outputs=(
-        OutputSpec("rows", "bf16", "pre-RoPE latents of the groups the step completed, in order", "bf16", "b G hd"),
-        OutputSpec("row_positions", "exact", "each completed group's first position j*r", "int64", "G"),
-        OutputSpec("ring_kept", "f32", "the returned ring's slots the next step reads: the open group's positions "
-                   "at the next step's start (its end, or the earlier start of a rollback), in position order",
-                   "f32", "b Pn 2 hd"),
-    ),
-    returns=(T("rows", "bf16", "b G hd"), T("row_positions", "int64", "G"),
-             T("ring", "f32", "b Sr 2 hd", "the new ring, in the layout it was given")),
-    derived={"ring_kept": "the returned ring's slots of the open group's positions at the next step's start "
-                          "(live_slots of that start): every slot a rollback may read must be kept, and only "
-                          "slots a step reads are judged"},
-    steps="one call per schedule step [start, end): x is that step's chunk, ring the ring the implementation "
-          "returned at the previous step (the golden's fresh ring at step 0); compared per step as sNN.<output>",
-    params=(P("ratio", "int", "compress ratio", choices=(1, 2), required=False, default=2),
+            T("wgate", "bf16", "hd dim", "ratio 2; empty [0, dim] at ratio 1"),
+            T("norm_w", "bf16", "hd"),
+            T("ring", "f32", "b Sr 2 hd", "the ring the previous step returned (slot p % Sr: (score, latent))"),
+        ),
+        outputs=(
+            OutputSpec("rows", "bf16", "pre-RoPE latents of the groups the step completed, in order", "bf16", "b G hd"),
+            OutputSpec("row_positions", "exact", "each completed group's first position j*r", "int64", "G"),
+            OutputSpec(
+                "ring_kept",
+                "f32",
+                "the returned ring's slots the next step reads: the open group's positions "
+                "at the next step's start (its end, or the earlier start of a rollback), in position order",
+                "f32",
+                "b Pn 2 hd",
+            ),
+        ),
+        returns=(
+            T("rows", "bf16", "b G hd"),
+            T("row_positions", "int64", "G"),
+            T("ring", "f32", "b Sr 2 hd", "the new ring, in the layout it was given"),
+        ),
+        derived={
+            "ring_kept": "the returned ring's slots of the open group's positions at the next step's start "
+            "(live_slots of that start): every slot a rollback may read must be kept, and only "
+            "slots a step reads are judged"
+        },
+        steps="one call per schedule step [start, end): x is that step's chunk, ring the ring the implementation "
+        "returned at the previous step (the golden's fresh ring at step 0); compared per step as sNN.<output>",
+        params=(
+            P("ratio", "int", "compress ratio", choices=(1, 2), required=False, default=2),
             P("schedule", "int_pairs", "the steps [start, end) in order (rollbacks start before the previous end)"),
             P("eps", "float", "RMSNorm eps", required=False, default=1e-20),
             P("step", "int", "this call's step number", driver=True),
             P("start", "int", "this step's first position", "positions", driver=True),
-            P("end", "int", "one past this step's last position", "positions", driver=True)),
-    dims={"b": "batch", "n": "the step's positions", "dim": "input width", "hd": "head_dim",
-          "Sr": "ring slots (>= r + longest step - 1)", "2": "(score, latent)", "G": "groups completed in the step",
-          "Pn": "the open group's positions at the next step's start"},
-    build=_compressor_inputs,
-    reference=_compressor_reference,
-    explain=_explain,
-    execute=_compressor_execute,
-    expected_outputs=step_output_names(RECORDED),
-    floor=64,
-    notes="step i receives x = in.x[:, o_i : o_i + n_i] (in.x holds each step's inputs in step order, so a "
-          "rejected draft's inputs appear once per write), wkv/wgate/norm_w (bf16 checkpoint values, promoted "
-          "exactly to fp32 at ratio 2; wgate is empty at ratio 1) and the ring it returned at step i-1; params "
-          "ratio, start, end, step, schedule. See docs/schedules.md.",
-    extra={"expand": expand_schedules},
-))
+            P("end", "int", "one past this step's last position", "positions", driver=True),
+        ),
+        dims={
+            "b": "batch",
+            "n": "the step's positions",
+            "dim": "input width",
+            "hd": "head_dim",
+            "Sr": "ring slots (>= r + longest step - 1)",
+            "2": "(score, latent)",
+            "G": "groups completed in the step",
+            "Pn": "the open group's positions at the next step's start",
+        },
+        build=_compressor_inputs,
+        reference=_compressor_reference,
+        explain=_explain,
+        execute=_compressor_execute,
+        expected_outputs=step_output_names(RECORDED),
+        floor=64,
+        notes="step i receives x = in.x[:, o_i : o_i + n_i] (in.x holds each step's inputs in step order, so a "
+        "rejected draft's inputs appear once per write), wkv/wgate/norm_w (bf16 checkpoint values, promoted "
+        "exactly to fp32 at ratio 2; wgate is empty at ratio 1) and the ring it returned at step i-1; params "
+        "ratio, start, end, step, schedule. See docs/schedules.md.",
+        extra={"expand": expand_schedules},
+    )
+)
 
 
 # --- compressor.ring ----------------------------------------------------------------------------
@@ -273,22 +323,28 @@ def _ring_reference(inputs, params):
     return {"accepted": torch.tensor(accepted), "min_slots": torch.tensor(need_slots, dtype=torch.int64)}
 
 
-register(Component(
-    name="compressor.ring",
-    summary="ring capacity: S >= r + q_max - 1 keeps every pair (7 at r = 2, q_max = 6); a smaller ring is refused",
-    upstream="seed 000 §A.2 (state_cache.shape[1] >= compress_ratio + max_seqlen_q - 1); M:429-485",
-    inputs=(T("ring", "f32", "1 Sr 2 hd", "a fresh ring of Sr slots"),),
-    params=(P("ratio", "int", "compress ratio", choices=(1, 2), required=False, default=2),
-            P("q_max", "int", "the longest step the ring must take", "positions")),
-    dims={"Sr": "ring slots", "2": "(score, latent)", "hd": "head_dim"},
-    outputs=(
-        OutputSpec("accepted", "exact", "would the implementation run steps of q_max positions on this ring", "bool", ""),
-        OutputSpec("min_slots", "exact", "the smallest ring it accepts, r + q_max - 1 (0 at ratio 1)", "int64", ""),
-    ),
-    build=_ring_inputs,
-    reference=_ring_reference,
-    floor=4,
-))
+register(
+    Component(
+        name="compressor.ring",
+        summary="ring capacity: S >= r + q_max - 1 keeps every pair (7 at r = 2, q_max = 6); a smaller ring is refused",
+        upstream="seed 000 §A.2 (state_cache.shape[1] >= compress_ratio + max_seqlen_q - 1); M:429-485",
+        inputs=(T("ring", "f32", "1 Sr 2 hd", "a fresh ring of Sr slots"),),
+        params=(
+            P("ratio", "int", "compress ratio", choices=(1, 2), required=False, default=2),
+            P("q_max", "int", "the longest step the ring must take", "positions"),
+        ),
+        dims={"Sr": "ring slots", "2": "(score, latent)", "hd": "head_dim"},
+        outputs=(
+            OutputSpec(
+                "accepted", "exact", "would the implementation run steps of q_max positions on this ring", "bool", ""
+            ),
+            OutputSpec("min_slots", "exact", "the smallest ring it accepts, r + q_max - 1 (0 at ratio 1)", "int64", ""),
+        ),
+        build=_ring_inputs,
+        reference=_ring_reference,
+        floor=4,
+    )
+)
 
 
 # --- compressor.metadata ------------------------------------------------------------------------
@@ -307,12 +363,13 @@ def _metadata_reference(inputs, params):
     meta = cp.compressor_metadata(params["kind"], start, end - start, ratio)
     rows = inputs["rows"]  # [b, G, hd]
     if rows.shape[1] != len(cp.completed_groups(start, end, ratio)):
-        raise ValueError(f"step [{start}, {end}) completes {len(cp.completed_groups(start, end, ratio))} groups, "
-                         f"got {rows.shape[1]} rows")
+        raise ValueError(
+            f"step [{start}, {end}) completes {len(cp.completed_groups(start, end, ratio))} groups, "
+            f"got {rows.shape[1]} rows"
+        )
     out = torch.zeros(rows.shape[0], meta.valid.shape[0], rows.shape[2], dtype=rows.dtype)
     out[:, meta.valid] = rows  # valid rows are the completed groups in order; the rest stay zero
-    return {"row_positions": meta.row_positions, "store_slots": meta.store_slots, "valid": meta.valid,
-            "out_rows": out}
+    return {"row_positions": meta.row_positions, "store_slots": meta.store_slots, "valid": meta.valid, "out_rows": out}
 
 
 def _metadata_execute(call, inputs, params):
@@ -324,7 +381,7 @@ def _metadata_execute(call, inputs, params):
         offsets.append(offsets[-1] + len(cp.completed_groups(start, end, ratio)))
 
     def step_inputs(all_inputs, i, start, end):
-        return {"rows": all_inputs["rows"][:, offsets[i]:offsets[i + 1]]}
+        return {"rows": all_inputs["rows"][:, offsets[i] : offsets[i + 1]]}
 
     def with_kind(step_in, step_params):
         kind = "prefill" if int(step_params["step"]) < decode_from else "decode"
@@ -333,36 +390,57 @@ def _metadata_execute(call, inputs, params):
     return drive_steps(with_kind, inputs, params, step_inputs, state={}, outputs=METADATA_OUTPUTS)
 
 
-register(Component(
-    name="compressor.metadata",
-    summary="rows a step reserves: prefill max(1, n_c) (placeholder: position 0, slot -1, zero row); "
-            "decode one per query",
-    upstream="seed 000 §A.1.1 (prepare_tensor_input_v4.cpp:46-91); M:746-761",
-    inputs=(T("rows", "bf16", "b G hd", "the rows this step completed (the golden holds every step's, in order)"),),
-    outputs=(
-        OutputSpec("row_positions", "exact", "RoPE position j*r of each reserved row, 0 for a placeholder", "int64", "R"),
-        OutputSpec("store_slots", "exact", "compressed cache row j, -1 where nothing is stored", "int64", "R"),
-        OutputSpec("valid", "exact", "the row is a completed group", "bool", "R"),
-        OutputSpec("out_rows", "exact", "the step's completed rows in their reserved rows, zeros elsewhere",
-                   "bf16", "b R hd"),
-    ),
-    steps="one call per schedule step; params.kind says prefill or decode",
-    params=(P("ratio", "int", "compress ratio", choices=(1, 2), required=False, default=2),
+register(
+    Component(
+        name="compressor.metadata",
+        summary="rows a step reserves: prefill max(1, n_c) (placeholder: position 0, slot -1, zero row); "
+        "decode one per query",
+        upstream="seed 000 §A.1.1 (prepare_tensor_input_v4.cpp:46-91); M:746-761",
+        inputs=(T("rows", "bf16", "b G hd", "the rows this step completed (the golden holds every step's, in order)"),),
+        outputs=(
+            OutputSpec(
+                "row_positions", "exact", "RoPE position j*r of each reserved row, 0 for a placeholder", "int64", "R"
+            ),
+            OutputSpec("store_slots", "exact", "compressed cache row j, -1 where nothing is stored", "int64", "R"),
+            OutputSpec("valid", "exact", "the row is a completed group", "bool", "R"),
+            OutputSpec(
+                "out_rows",
+                "exact",
+                "the step's completed rows in their reserved rows, zeros elsewhere",
+                "bf16",
+                "b R hd",
+            ),
+        ),
+        steps="one call per schedule step; params.kind says prefill or decode",
+        params=(
+            P("ratio", "int", "compress ratio", choices=(1, 2), required=False, default=2),
             P("schedule", "int_pairs", "the steps [start, end)"),
-            P("decode_from", "int", "the first step that is a decode step", required=False,
-              derive=lambda p: len(p.get("schedule") or []), default_doc="len(schedule): every step is a prefill step"),
+            P(
+                "decode_from",
+                "int",
+                "the first step that is a decode step",
+                required=False,
+                derive=lambda p: len(p.get("schedule") or []),
+                default_doc="len(schedule): every step is a prefill step",
+            ),
             P("step", "int", "this call's step number", driver=True),
             P("start", "int", "this step's first position", "positions", driver=True),
             P("end", "int", "one past this step's last position", "positions", driver=True),
-            P("kind", "str", "prefill or decode", driver=True, choices=("prefill", "decode"))),
-    dims={"b": "batch", "G": "groups completed in the step", "hd": "head_dim",
-          "R": "rows reserved: prefill max(1, G), decode one per query"},
-    build=_metadata_inputs,
-    reference=_metadata_reference,
-    execute=_metadata_execute,
-    expected_outputs=step_output_names(METADATA_OUTPUTS),
-    floor=3,
-    notes="step i receives rows = the bf16 [b, G_i, hd] rows it completed and params ratio, start, end, step, "
-          "kind ('prefill' for steps before params.decode_from, else 'decode').",
-    extra={"expand": expand_schedules},
-))
+            P("kind", "str", "prefill or decode", driver=True, choices=("prefill", "decode")),
+        ),
+        dims={
+            "b": "batch",
+            "G": "groups completed in the step",
+            "hd": "head_dim",
+            "R": "rows reserved: prefill max(1, G), decode one per query",
+        },
+        build=_metadata_inputs,
+        reference=_metadata_reference,
+        execute=_metadata_execute,
+        expected_outputs=step_output_names(METADATA_OUTPUTS),
+        floor=3,
+        notes="step i receives rows = the bf16 [b, G_i, hd] rows it completed and params ratio, start, end, step, "
+        "kind ('prefill' for steps before params.decode_from, else 'decode').",
+        extra={"expand": expand_schedules},
+    )
+)

@@ -43,13 +43,30 @@ SELECT_PARAMS = (
     P("ratio", "int", "compress ratio (1 or 2)", choices=(1, 2)),
     P("index_topk", "int", "compressed rows kept per query (512 in production)"),
     P("offset", "int", "added to every selected row id: the window part's length", "rows", required=False, default=0),
-    P("candidate_leak", "str", "the §4.4 quirk policy: upstream (bit-faithful) or drop", required=False,
-      choices=("upstream", "drop"), default="upstream"),
+    P(
+        "candidate_leak",
+        "str",
+        "the §4.4 quirk policy: upstream (bit-faithful) or drop",
+        required=False,
+        choices=("upstream", "drop"),
+        default="upstream",
+    ),
 )
-INDEX_DIMS = {"b": "batch", "S": "queries in the chunk", "T": "compressed rows, (start + S) // ratio",
-              "k": "min(index_topk, T)", "H": "index heads", "D": "index_head_dim", "dim": "hidden size",
-              "q_lora": "q_lora_rank", "rows": "cache rows (>= T; rows >= T are never read)",
-              "rope/2": "rotated pairs", "2": "(cos, sin)", "N/32": "ceil(H*D/32)", "q_lora/32": "tiles along K"}
+INDEX_DIMS = {
+    "b": "batch",
+    "S": "queries in the chunk",
+    "T": "compressed rows, (start + S) // ratio",
+    "k": "min(index_topk, T)",
+    "H": "index heads",
+    "D": "index_head_dim",
+    "dim": "hidden size",
+    "q_lora": "q_lora_rank",
+    "rows": "cache rows (>= T; rows >= T are never read)",
+    "rope/2": "rotated pairs",
+    "2": "(cos, sin)",
+    "N/32": "ceil(H*D/32)",
+    "q_lora/32": "tiles along K",
+}
 
 
 # --- shared pieces ---------------------------------------------------------------------------
@@ -107,7 +124,7 @@ def _weights_inputs(params, build, gen):
     b, S, dim = (int(v) for v in need(build, "shape", "indexer.weights"))
     H = int(need(build, "heads", "indexer.weights"))
     x = normal(gen, [b, S, dim], float(build.get("x_scale", 1.0)))
-    weights_proj = normal(gen, [H, dim], float(build.get("w_scale", dim ** -0.5)))
+    weights_proj = normal(gen, [H, dim], float(build.get("w_scale", dim**-0.5)))
     return {"x": x, "weights_proj": weights_proj}
 
 
@@ -117,19 +134,29 @@ def _weights_reference(inputs, params):
     return {"weights": ix.head_weights(inputs["x"], wp, D, wp.shape[0])}
 
 
-register(Component(
-    name="indexer.weights",
-    summary="head weights: bf16 weights_proj(x) times index_head_dim^-0.5 * index_n_heads^-0.5",
-    upstream="M:555",
-    inputs=(T("x", "bf16", "b S dim"), T("weights_proj", "bf16", "H dim")),
-    outputs=(OutputSpec("weights", "bf16", "the multiplier index_head_dim^-0.5 * H^-0.5 is a Python float applied "
-                        "to the bf16 linear output (torch's bf16 * scalar)", "bf16", "b S H"),),
-    params=(P("index_head_dim", "int", "D, for the multiplier"),),
-    dims=INDEX_DIMS,
-    build=_weights_inputs,
-    reference=_weights_reference,
-    floor=2,
-))
+register(
+    Component(
+        name="indexer.weights",
+        summary="head weights: bf16 weights_proj(x) times index_head_dim^-0.5 * index_n_heads^-0.5",
+        upstream="M:555",
+        inputs=(T("x", "bf16", "b S dim"), T("weights_proj", "bf16", "H dim")),
+        outputs=(
+            OutputSpec(
+                "weights",
+                "bf16",
+                "the multiplier index_head_dim^-0.5 * H^-0.5 is a Python float applied "
+                "to the bf16 linear output (torch's bf16 * scalar)",
+                "bf16",
+                "b S H",
+            ),
+        ),
+        params=(P("index_head_dim", "int", "D, for the multiplier"),),
+        dims=INDEX_DIMS,
+        build=_weights_inputs,
+        reference=_weights_reference,
+        floor=2,
+    )
+)
 
 
 # --- indexer.scores --------------------------------------------------------------------------
@@ -155,24 +182,41 @@ def _scores_with_terms(inputs, params):
     return {"scores": scores}, {"term_scale": largest}
 
 
-register(Component(
-    name="indexer.scores",
-    summary="bf16 index scores: sum over heads of bf16(relu(bf16(q_h . k)) * w_h), fp32 sums",
-    upstream="M:556-557",
-    inputs=(T("q", "bf16", "b S H D", "post-RoPE, fp4-QDQ'd queries"), T("k", "bf16", "b T D", "index keys"),
-            T("w", "bf16", "b S H", "head weights")),
-    outputs=(OutputSpec("scores", "bf16", "einsum rounded to bf16, ReLU, product rounded, head sum rounded; zeros "
-                        "are +0; judged within 1 ulp plus an allowance in bf16 ulps of the largest head term "
-                        "(aux.term_scale), or no farther from the exact scores than the reference's own roundings",
-                        "bf16", "b S T", terms="term_scale", precision=True),),
-    dims=INDEX_DIMS,
-    build=_scores_inputs,
-    reference=lambda inputs, params: {"scores": ix.index_scores(inputs["q"], inputs["k"], inputs["w"])},
-    reference_with_aux=_scores_with_terms,
-    judge_context=lambda inputs, params: dict(zip(("scores" + EXACT, "scores" + EXACT_ERROR),
-                                                  ix.exact_index_scores(inputs["q"], inputs["k"], inputs["w"]))),
-    floor=3,
-))
+register(
+    Component(
+        name="indexer.scores",
+        summary="bf16 index scores: sum over heads of bf16(relu(bf16(q_h . k)) * w_h), fp32 sums",
+        upstream="M:556-557",
+        inputs=(
+            T("q", "bf16", "b S H D", "post-RoPE, fp4-QDQ'd queries"),
+            T("k", "bf16", "b T D", "index keys"),
+            T("w", "bf16", "b S H", "head weights"),
+        ),
+        outputs=(
+            OutputSpec(
+                "scores",
+                "bf16",
+                "einsum rounded to bf16, ReLU, product rounded, head sum rounded; zeros "
+                "are +0; judged within 1 ulp plus an allowance in bf16 ulps of the largest head term "
+                "(aux.term_scale), or no farther from the exact scores than the reference's own roundings",
+                "bf16",
+                "b S T",
+                terms="term_scale",
+                precision=True,
+            ),
+        ),
+        dims=INDEX_DIMS,
+        build=_scores_inputs,
+        reference=lambda inputs, params: {"scores": ix.index_scores(inputs["q"], inputs["k"], inputs["w"])},
+        reference_with_aux=_scores_with_terms,
+        judge_context=lambda inputs, params: dict(
+            zip(
+                ("scores" + EXACT, "scores" + EXACT_ERROR), ix.exact_index_scores(inputs["q"], inputs["k"], inputs["w"])
+            )
+        ),
+        floor=3,
+    )
+)
 
 
 # --- indexer.select --------------------------------------------------------------------------
@@ -225,12 +269,18 @@ def select_reference(inputs: dict, params: dict) -> dict:
     return {"ids": select_from_scores(inputs["scores"], inputs["candidates"], params, "indexer.select")[0]}
 
 
-def select_from_scores(scores: torch.Tensor, candidates: torch.Tensor, params: dict, component: str
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def select_from_scores(
+    scores: torch.Tensor, candidates: torch.Tensor, params: dict, component: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, masked scores): visibility, candidate masking, top-k, ids + offset, leak policy (M:563-580)."""
-    selection = ix.select_with_leak(scores, candidates, _lens(params, scores.shape[1], component),
-                                    _int(params, "index_topk", component), int(params.get("offset", 0)),
-                                    _leak_policy(params))
+    selection = ix.select_with_leak(
+        scores,
+        candidates,
+        _lens(params, scores.shape[1], component),
+        _int(params, "index_topk", component),
+        int(params.get("offset", 0)),
+        _leak_policy(params),
+    )
     return selection.ids, selection.masked_scores
 
 
@@ -241,36 +291,57 @@ def _id_limit(lens: torch.Tensor, batch: int, params) -> torch.Tensor:
 
 def _select_aux(inputs, params, outputs):
     lens = _lens(params, inputs["scores"].shape[1], "indexer.select")
-    return {"masked_scores": _masked(inputs["scores"], lens, inputs["candidates"]),
-            "id_limit": _id_limit(lens, inputs["scores"].shape[0], params)}
+    return {
+        "masked_scores": _masked(inputs["scores"], lens, inputs["candidates"]),
+        "id_limit": _id_limit(lens, inputs["scores"].shape[0], params),
+    }
 
 
-IDS_DOC = ("selected rows ascending + offset, then -1 (judged as a set against aux.masked_scores; "
-           "docs/index-verdicts.md)")
+IDS_DOC = (
+    "selected rows ascending + offset, then -1 (judged as a set against aux.masked_scores; docs/index-verdicts.md)"
+)
 
 # Both selecting components judge ids the same way: as a set against the masked scores, with the
 # per-query id limit, -1 lanes standing for worst-score picks (docs/index-verdicts.md).
-IDS_SPEC = OutputSpec("ids", "index", IDS_DOC, "int32", "b S k", scores="masked_scores", order="set",
-                      offset_param="offset", limit="id_limit", fill_is_worst=True)
+IDS_SPEC = OutputSpec(
+    "ids",
+    "index",
+    IDS_DOC,
+    "int32",
+    "b S k",
+    scores="masked_scores",
+    order="set",
+    offset_param="offset",
+    limit="id_limit",
+    fill_is_worst=True,
+)
 
-register(Component(
-    name="indexer.select",
-    summary="valid prefix (start+t+1)//ratio, candidate mask, torch CPU top-k, ascending ids + offset, -1 tail",
-    upstream="M:563-580",
-    inputs=(T("scores", "bf16", "b S T", "index scores (rows a query cannot see may hold anything)"),
-            T("candidates", "bool", "b S T", "level-one keep mask; all True for a non-consumer")),
-    outputs=(IDS_SPEC,),
-    params=SELECT_PARAMS,
-    dims={**INDEX_DIMS, "T": "score columns of the buffer: at least (start + S) // ratio, and may be more (a "
-                             "runtime's preallocated buffer: r1-decode-start40-buffer48 sends 48 for 41 rows); "
-                             "query t reads only its first (start + t + 1) // ratio", "k": "min(index_topk, T)"},
-    build=_select_inputs,
-    reference=select_reference,
-    aux=_select_aux,
-    floor=6,
-    notes="params: start, ratio, index_topk, offset, candidate_leak (upstream|drop; default upstream). "
-          "candidates is all True for a layer that does not consume candidate blocks.",
-))
+register(
+    Component(
+        name="indexer.select",
+        summary="valid prefix (start+t+1)//ratio, candidate mask, torch CPU top-k, ascending ids + offset, -1 tail",
+        upstream="M:563-580",
+        inputs=(
+            T("scores", "bf16", "b S T", "index scores (rows a query cannot see may hold anything)"),
+            T("candidates", "bool", "b S T", "level-one keep mask; all True for a non-consumer"),
+        ),
+        outputs=(IDS_SPEC,),
+        params=SELECT_PARAMS,
+        dims={
+            **INDEX_DIMS,
+            "T": "score columns of the buffer: at least (start + S) // ratio, and may be more (a "
+            "runtime's preallocated buffer: r1-decode-start40-buffer48 sends 48 for 41 rows); "
+            "query t reads only its first (start + t + 1) // ratio",
+            "k": "min(index_topk, T)",
+        },
+        build=_select_inputs,
+        reference=select_reference,
+        aux=_select_aux,
+        floor=6,
+        notes="params: start, ratio, index_topk, offset, candidate_leak (upstream|drop; default upstream). "
+        "candidates is all True for a layer that does not consume candidate blocks.",
+    )
+)
 
 
 # --- indexer (the whole forward) -------------------------------------------------------------
@@ -286,15 +357,20 @@ def _forward_inputs(params, build, gen):
     T = (start + S) // ratio
     rows = max(T, int(build.get("cache_rows", T)))  # a cache longer than T: rows >= T are never read
     keys = nx.fp4_qdq_e8m0(normal(gen, [b, rows, D]), ix.FP4_BLOCK).y  # published: post-RoPE, QDQ'd
-    table = rp.freqs_table(rope_dim, start + S, float(build.get("base", 160000.0)),
-                           int(build.get("original_seq_len", 65536)), float(build.get("factor", 16.0)))
+    table = rp.freqs_table(
+        rope_dim,
+        start + S,
+        float(build.get("base", 160000.0)),
+        int(build.get("original_seq_len", 65536)),
+        float(build.get("factor", 16.0)),
+    )
     inputs = {
         "x": normal(gen, [b, S, dim]),
         "qr": normal(gen, [b, S, q_lora]),
         "index_k_cache": keys,
-        "wq_b": normal(gen, [H * D, q_lora], q_lora ** -0.5),
-        "weights_proj": normal(gen, [H, dim], dim ** -0.5),
-        "freqs": table[start:start + S].contiguous(),
+        "wq_b": normal(gen, [H * D, q_lora], q_lora**-0.5),
+        "weights_proj": normal(gen, [H, dim], dim**-0.5),
+        "freqs": table[start : start + S].contiguous(),
     }
     if params.get("weights", "bf16") == "fp8":  # the checkpoint's fp8 wq_b: e4m3 codes + e8m0 tile scales
         quantise_inputs(inputs, ("wq_b",))
@@ -313,13 +389,23 @@ def forward_reference(inputs: dict, params: dict) -> dict:
     comp = "indexer"
     start, ratio = _int(params, "start", comp), _int(params, "ratio", comp)
     result = ix.indexer_forward(
-        inputs["x"], inputs["qr"], inputs["index_k_cache"], start, ratio,
-        ix.IndexerWeights(weight_input(inputs, "wq_b"), inputs["weights_proj"]), _table_by_position(inputs, start),
-        _int(params, "rope_dim", comp), _int(params, "index_topk", comp), int(params.get("offset", 0)),
+        inputs["x"],
+        inputs["qr"],
+        inputs["index_k_cache"],
+        start,
+        ratio,
+        ix.IndexerWeights(weight_input(inputs, "wq_b"), inputs["weights_proj"]),
+        _table_by_position(inputs, start),
+        _int(params, "rope_dim", comp),
+        _int(params, "index_topk", comp),
+        int(params.get("offset", 0)),
         inputs["candidates"],
     )
-    return {"ids": select_from_scores(result.scores, inputs["candidates"], params, comp)[0], "scores": result.scores,
-            "index_q": result.query}
+    return {
+        "ids": select_from_scores(result.scores, inputs["candidates"], params, comp)[0],
+        "scores": result.scores,
+        "index_q": result.query,
+    }
 
 
 def _forward_aux(inputs, params, outputs):
@@ -330,8 +416,11 @@ def _forward_aux(inputs, params, outputs):
     w = ix.head_weights(inputs["x"], inputs["weights_proj"], query.shape[-1], heads)
     keys = inputs["index_k_cache"][:, : outputs["scores"].shape[-1]]
     _, terms = ix.index_scores_with_terms(nx.fp4_qdq_e8m0(query, ix.FP4_BLOCK).y, keys, w)
-    return {"masked_scores": _masked(outputs["scores"], lens, inputs["candidates"]),
-            "id_limit": _id_limit(lens, inputs["x"].shape[0], params), "term_scale": terms}
+    return {
+        "masked_scores": _masked(outputs["scores"], lens, inputs["candidates"]),
+        "id_limit": _id_limit(lens, inputs["x"].shape[0], params),
+        "term_scale": terms,
+    }
 
 
 def _chain(inputs, expected, aux, actual, params, judge, boundary):
@@ -339,38 +428,70 @@ def _chain(inputs, expected, aux, actual, params, judge, boundary):
     return judge_indexer(inputs, expected, aux, actual, params, judge, boundary)
 
 
-register(Component(
-    name="indexer",
-    summary="indexer forward: wq_b, RoPE, fp4 QDQ, head weights, scores, visibility, candidates, top-k",
-    upstream="M:550-580",
-    inputs=(T("x", "bf16", "b S dim"), T("qr", "bf16", "b S q_lora"),
+register(
+    Component(
+        name="indexer",
+        summary="indexer forward: wq_b, RoPE, fp4 QDQ, head weights, scores, visibility, candidates, top-k",
+        upstream="M:550-580",
+        inputs=(
+            T("x", "bf16", "b S dim"),
+            T("qr", "bf16", "b S q_lora"),
             T("index_k_cache", "bf16", "b rows D", "published index keys (post-RoPE, fp4-QDQ'd)"),
             T("wq_b", "bf16|uint8", "H*D q_lora", "bf16, or float8_e4m3fn codes with weights: fp8"),
             T("wq_b.scale", "uint8", "N/32 q_lora/32", "e8m0 tile scales of the fp8 wq_b", when="weights: fp8"),
-            T("weights_proj", "bf16", "H dim"), T("freqs", "f32", "S rope/2 2", "(cos, sin) of positions start.."),
-            T("candidates", "bool", "b S T", "level-one keep mask; all True for a non-consumer")),
-    outputs=(
-        IDS_SPEC,
-        OutputSpec("scores", "bf16", "index scores before any mask; judged as indexer.scores (1 ulp plus an allowance "
-                   "in bf16 ulps of the largest head term, aux.term_scale, or no farther from the exact scores than "
-                   "the reference's own roundings)", "bf16", "b S T", terms="term_scale", precision=True),
-    ),
-    intermediates=(
-        OutputSpec("index_q", "bf16", "the query after RoPE, before its fp4 round trip", "bf16", "b S H D",
-                   pre_tail="rope_dim", kept="aux", feeds="the fp4 e8m0 round trip of the query", accumulates=True),
-    ),
-    chain=_chain,
-    params=SELECT_PARAMS + (P("rope_dim", "int", "rotated trailing channels of the query"),
-                            P("weights", "str", "the checkpoint dtype of wq_b", required=False, choices=("bf16", "fp8"),
-                              default="bf16")),
-    dims=INDEX_DIMS,
-    build=_forward_inputs,
-    reference=forward_reference,
-    aux=_forward_aux,
-    floor=5,
-    notes="params: start, ratio, rope_dim, index_topk, offset, candidate_leak, weights (bf16 | fp8: wq_b arrives as "
-          "uint8 e4m3 codes with its e8m0 tile scales as wq_b.scale, and quantises qr with act_quant). "
-          "freqs holds the (cos, sin) "
-          "rows of positions start..start+S-1; index_k_cache rows >= T are never read. H comes from "
-          "weights_proj rows, D from the cache's last dim.",
-))
+            T("weights_proj", "bf16", "H dim"),
+            T("freqs", "f32", "S rope/2 2", "(cos, sin) of positions start.."),
+            T("candidates", "bool", "b S T", "level-one keep mask; all True for a non-consumer"),
+        ),
+        outputs=(
+            IDS_SPEC,
+            OutputSpec(
+                "scores",
+                "bf16",
+                "index scores before any mask; judged as indexer.scores (1 ulp plus an allowance "
+                "in bf16 ulps of the largest head term, aux.term_scale, or no farther from the exact scores than "
+                "the reference's own roundings)",
+                "bf16",
+                "b S T",
+                terms="term_scale",
+                precision=True,
+            ),
+        ),
+        intermediates=(
+            OutputSpec(
+                "index_q",
+                "bf16",
+                "the query after RoPE, before its fp4 round trip",
+                "bf16",
+                "b S H D",
+                pre_tail="rope_dim",
+                kept="aux",
+                feeds="the fp4 e8m0 round trip of the query",
+                accumulates=True,
+            ),
+        ),
+        chain=_chain,
+        params=SELECT_PARAMS
+        + (
+            P("rope_dim", "int", "rotated trailing channels of the query"),
+            P(
+                "weights",
+                "str",
+                "the checkpoint dtype of wq_b",
+                required=False,
+                choices=("bf16", "fp8"),
+                default="bf16",
+            ),
+        ),
+        dims=INDEX_DIMS,
+        build=_forward_inputs,
+        reference=forward_reference,
+        aux=_forward_aux,
+        floor=5,
+        notes="params: start, ratio, rope_dim, index_topk, offset, candidate_leak, weights (bf16 | fp8: wq_b arrives as "
+        "uint8 e4m3 codes with its e8m0 tile scales as wq_b.scale, and quantises qr with act_quant). "
+        "freqs holds the (cos, sin) "
+        "rows of positions start..start+S-1; index_k_cache rows >= T are never read. H comes from "
+        "weights_proj rows, D from the cache's last dim.",
+    )
+)

@@ -70,29 +70,41 @@ def _inputs(params, build, gen):
 
 
 def _reference(inputs, params):
-    return {"o": sparse_attn(inputs["q"], inputs["kv"], inputs["attn_sink"], inputs["topk_idxs"],
-                             float(params["softmax_scale"]))}
+    return {
+        "o": sparse_attn(
+            inputs["q"], inputs["kv"], inputs["attn_sink"], inputs["topk_idxs"], float(params["softmax_scale"])
+        )
+    }
 
 
-register(Component(
-    name=NAME,
-    summary="sparse attention with a sink logit in the denominator; 64-lane running-max tiles, bf16 P",
-    upstream="K41:296-403 (sparse_attn); M:776",
-    inputs=(T("q", "bf16", "b m h d"), T("kv", "bf16", "b n d", "K = V"),
+register(
+    Component(
+        name=NAME,
+        summary="sparse attention with a sink logit in the denominator; 64-lane running-max tiles, bf16 P",
+        upstream="K41:296-403 (sparse_attn); M:776",
+        inputs=(
+            T("q", "bf16", "b m h d"),
+            T("kv", "bf16", "b n d", "K = V"),
             T("attn_sink", "f32", "h", "a raw logit per head (not scaled)"),
-            T("topk_idxs", "int32", "b m K", "kv rows per query, -1 = absent lane")),
-    params=(P("softmax_scale", "float", "the score scale head_dim^-0.5 (used as fp32)"),),
-    dims={"b": "batch", "m": "query rows", "h": "heads", "d": "head_dim", "n": "kv rows", "K": "lanes per row"},
-    outputs=(OutputSpec("o", "bf16", "exactly 0 on a row whose lanes are all -1", "bf16", "b m h d",
-                        absent_rows="in.topk_idxs"),),
-    build=_inputs,
-    reference=_reference,
-    judge_context=lambda inputs, params: scale_context("o", inputs["q"], inputs["kv"], inputs["attn_sink"],
-                                                       inputs["topk_idxs"], float(params["softmax_scale"])),
-    floor=5,
-    notes="q bf16 [b, m, h, d]; kv bf16 [b, n, d] (K = V); attn_sink fp32 [h], a raw logit (not scaled); "
-          "topk_idxs int32 [b, m, K], -1 = absent lane; params.softmax_scale (Python float, used as fp32). "
-          "Goldens follow the tiled kernel (running max from -1e30, tiles of 64 lanes in row order, bf16 P "
-          "before P.V); the tolerance is calibrated on a plain fp32 softmax (docs/attention.md).",
-    extra={"expand": _with_scale},
-))
+            T("topk_idxs", "int32", "b m K", "kv rows per query, -1 = absent lane"),
+        ),
+        params=(P("softmax_scale", "float", "the score scale head_dim^-0.5 (used as fp32)"),),
+        dims={"b": "batch", "m": "query rows", "h": "heads", "d": "head_dim", "n": "kv rows", "K": "lanes per row"},
+        outputs=(
+            OutputSpec(
+                "o", "bf16", "exactly 0 on a row whose lanes are all -1", "bf16", "b m h d", absent_rows="in.topk_idxs"
+            ),
+        ),
+        build=_inputs,
+        reference=_reference,
+        judge_context=lambda inputs, params: scale_context(
+            "o", inputs["q"], inputs["kv"], inputs["attn_sink"], inputs["topk_idxs"], float(params["softmax_scale"])
+        ),
+        floor=5,
+        notes="q bf16 [b, m, h, d]; kv bf16 [b, n, d] (K = V); attn_sink fp32 [h], a raw logit (not scaled); "
+        "topk_idxs int32 [b, m, K], -1 = absent lane; params.softmax_scale (Python float, used as fp32). "
+        "Goldens follow the tiled kernel (running max from -1e30, tiles of 64 lanes in row order, bf16 P "
+        "before P.V); the tolerance is calibrated on a plain fp32 softmax (docs/attention.md).",
+        extra={"expand": _with_scale},
+    )
+)

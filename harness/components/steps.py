@@ -27,8 +27,15 @@ StepInputs = Callable[[Tensors, int, int, int], Tensors]  # (inputs, step, start
 Derive = Callable[[Tensors, Tensors, Params], Tensors]  # (step inputs, step result, step params) -> recorded
 
 
-def drive_steps(call: Call, inputs: Tensors, params: Params, step_inputs: StepInputs,
-                state: dict[str, str], outputs: tuple[str, ...], derive: Derive | None = None) -> Tensors:
+def drive_steps(
+    call: Call,
+    inputs: Tensors,
+    params: Params,
+    step_inputs: StepInputs,
+    state: dict[str, str],
+    outputs: tuple[str, ...],
+    derive: Derive | None = None,
+) -> Tensors:
     """Run every step of `params["schedule"]`.
 
     state: maps a state output name to the input name it feeds at the next step (for example
@@ -51,20 +58,25 @@ def drive_steps(call: Call, inputs: Tensors, params: Params, step_inputs: StepIn
         except Exception as exc:
             raise StepError(i, f"[{start}, {end}) raised {type(exc).__name__}: {exc}") from exc
         if not isinstance(result, dict):
-            raise StepError(i, f"[{start}, {end}) returned {type(result).__name__}, expected a dict of tensors",
-                            "type error")
+            raise StepError(
+                i, f"[{start}, {end}) returned {type(result).__name__}, expected a dict of tensors", "type error"
+            )
         missing = [n for n in outputs if n not in result]
         extra = [n for n in result if n not in outputs]
         if missing or extra:
-            raise StepError(i, f"[{start}, {end}) returned {sorted(result)}; expected {sorted(outputs)}",
-                            names_error(missing))
+            raise StepError(
+                i, f"[{start}, {end}) returned {sorted(result)}; expected {sorted(outputs)}", names_error(missing)
+            )
         for name in outputs:
             value = result[name]
             if isinstance(value, Declined) and name not in state:  # judged nowhere: the case is partial
                 continue
             if not isinstance(value, torch.Tensor):
-                what = "state the next step needs, which cannot be declined" if isinstance(value, Declined) else \
-                    f"a {type(value).__name__}, not a tensor"
+                what = (
+                    "state the next step needs, which cannot be declined"
+                    if isinstance(value, Declined)
+                    else f"a {type(value).__name__}, not a tensor"
+                )
                 raise StepError(i, f"output {name!r} is {what}", "type error")
         record = {name: result[name] for name in outputs}
         if derive is not None:

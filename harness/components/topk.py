@@ -65,8 +65,9 @@ def _adversarial_rows(params, build, rows, n):
     (`_exact_levels`)."""
     target, tie_step = build.get("target", "select"), int(build.get("tie_step", 1))
     if target not in TARGETS or tie_step < 1:
-        raise CaseSpecError(f"topk.torch_cpu: adversarial rows need target in {TARGETS} and tie_step >= 1, "
-                            f"got {target!r}, {tie_step}")
+        raise CaseSpecError(
+            f"topk.torch_cpu: adversarial rows need target in {TARGETS} and tie_step >= 1, got {target!r}, {tie_step}"
+        )
     k = int(params["k"])
     if not 1 <= k <= n:
         raise CaseSpecError(f"topk.torch_cpu: adversarial rows need 1 <= k <= n, got k={k}, n={n}")
@@ -94,8 +95,13 @@ def _exact_levels(keys, dtype):
 
 
 def _topk_reference(inputs, params):
-    values, indices = torch_cpu_topk(inputs["values"], int(params["k"]), dim=-1,
-                                     largest=bool(params.get("largest", True)), sorted=bool(params.get("sorted", True)))
+    values, indices = torch_cpu_topk(
+        inputs["values"],
+        int(params["k"]),
+        dim=-1,
+        largest=bool(params.get("largest", True)),
+        sorted=bool(params.get("sorted", True)),
+    )
     return {"values": values, "indices": indices}
 
 
@@ -109,17 +115,27 @@ def _in_your_order(expected, actual, params, policy_of):
     if params.get("sorted", True) or policy_of("indices").strict_order:
         return None
     ids, want = actual.get("indices"), expected["indices"]
-    if not (isinstance(ids, torch.Tensor) and ids.dtype == want.dtype and ids.shape == want.shape
-            and ids.device.type == "cpu") or want.numel() == 0 or torch.equal(ids, want):
+    if (
+        not (
+            isinstance(ids, torch.Tensor)
+            and ids.dtype == want.dtype
+            and ids.shape == want.shape
+            and ids.device.type == "cpu"
+        )
+        or want.numel() == 0
+        or torch.equal(ids, want)
+    ):
         return None
     k = want.shape[-1]
     order = torch.arange(k).expand(want.shape).clone()
     for row, (mine, theirs) in enumerate(zip(ids.reshape(-1, k).tolist(), want.reshape(-1, k).tolist())):
         if mine != theirs:
             order.view(-1, k)[row] = torch.tensor(_alignment(mine, theirs))
-    return ({"indices": want.gather(-1, order), "values": expected["values"].gather(-1, order)},
-            "sorted: false leaves the order unspecified: judged as the set of (index, value) pairs, the reference's "
-            "put in your order (strict_topk_order: true judges torch's order)")
+    return (
+        {"indices": want.gather(-1, order), "values": expected["values"].gather(-1, order)},
+        "sorted: false leaves the order unspecified: judged as the set of (index, value) pairs, the reference's "
+        "put in your order (strict_topk_order: true judges torch's order)",
+    )
 
 
 def _alignment(mine: list[int], theirs: list[int]) -> list[int]:
@@ -137,21 +153,33 @@ def _alignment(mine: list[int], theirs: list[int]) -> list[int]:
     return [slot if slot is not None else next(rest) for slot in picks]
 
 
-register(Component(
-    name="topk.torch_cpu",
-    summary="torch CPU top-k values and indices in torch's order (k*64 <= n: partial_sort; else nth_element)",
-    upstream="M:578-580, M:607; aten TopKImpl.h",
-    inputs=(T("values", "f32|bf16|f16", "rows n"),),
-    outputs=(OutputSpec("values", "exact", "the selected values, in the order of indices", "as values", "rows k"),
-             OutputSpec("indices", "index", "ids in torch's order (sorted: by value); unsorted: any order, judged "
-                        "as (index, value) pairs",
-                        "int64", "rows k", scores="in.values", order="sequence")),
-    params=(P("k", "int", "how many to select"),
+register(
+    Component(
+        name="topk.torch_cpu",
+        summary="torch CPU top-k values and indices in torch's order (k*64 <= n: partial_sort; else nth_element)",
+        upstream="M:578-580, M:607; aten TopKImpl.h",
+        inputs=(T("values", "f32|bf16|f16", "rows n"),),
+        outputs=(
+            OutputSpec("values", "exact", "the selected values, in the order of indices", "as values", "rows k"),
+            OutputSpec(
+                "indices",
+                "index",
+                "ids in torch's order (sorted: by value); unsorted: any order, judged as (index, value) pairs",
+                "int64",
+                "rows k",
+                scores="in.values",
+                order="sequence",
+            ),
+        ),
+        params=(
+            P("k", "int", "how many to select"),
             P("largest", "bool", "the k largest (else the smallest)", required=False, default=True),
-            P("sorted", "bool", "return them sorted (else in the algorithm's order)", required=False, default=True)),
-    dims={"rows": "independent rows", "n": "candidates per row", "k": "params.k"},
-    build=_topk_inputs,
-    reference=_topk_reference,
-    unordered=_in_your_order,
-    floor=6,
-))
+            P("sorted", "bool", "return them sorted (else in the algorithm's order)", required=False, default=True),
+        ),
+        dims={"rows": "independent rows", "n": "candidates per row", "k": "params.k"},
+        build=_topk_inputs,
+        reference=_topk_reference,
+        unordered=_in_your_order,
+        floor=6,
+    )
+)

@@ -54,7 +54,7 @@ def _expand(spec: CaseSpec) -> list[CaseSpec]:
         params.update(main_kv=main_kv, index_k=index_k, index=index, candidate=candidate)
     maps = _maps(params)
     verdict = validate_topology(maps["main_kv"], maps["index_k"], maps["index"], maps["candidate"])
-    build = {**spec.build, "expected_message": verdict.message}   # metadata only: never sent to the impl
+    build = {**spec.build, "expected_message": verdict.message}  # metadata only: never sent to the impl
     return [dataclasses.replace(spec, params=params, build=build)]
 
 
@@ -73,22 +73,34 @@ def _reference(inputs, params):
     return {"accepted": torch.tensor(verdict.accepted)}
 
 
-register(Component(
-    name=NAME,
-    summary="sharing maps (main-KV, index-K, index, candidate sources per layer) must refine each other",
-    upstream="M:1166-1180 (shared_attn slots); seed appendix A.6; docs/v41-reference.md §1.3, §5.5",
-    inputs=tuple(T(m, "int64", "L", f"each layer's {m} source layer, -1 = takes no part") for m in MAPS),
-    outputs=(OutputSpec("accepted", "exact", "the topology is valid", "bool", ""),),
-    params=(*(P(m, "int_list", f"the {m} source map", required=m != "candidate",
-               derive=None if m != "candidate" else lambda p: [-1] * len(p.get("main_kv") or []),
-               default_doc="" if m != "candidate" else "all -1, as long as main_kv") for m in MAPS),
-            P("derived_from", "str", "the named config the maps were derived from", required=False, default="")),
-    dims={"L": "layers (a map may differ in length, which must be rejected)"},
-    build=_inputs,
-    reference=_reference,
-    floor=8,
-    notes="inputs: int64 [L] source-layer maps, -1 = the layer takes no part (candidate all -1 when the "
-          "case gives none; index-K, index and candidate may differ in length from main-KV, which must "
-          "be rejected). build.expected_message (metadata) is the reference's reason, for reading only.",
-    extra={"expand": _expand},
-))
+register(
+    Component(
+        name=NAME,
+        summary="sharing maps (main-KV, index-K, index, candidate sources per layer) must refine each other",
+        upstream="M:1166-1180 (shared_attn slots); seed appendix A.6; docs/v41-reference.md §1.3, §5.5",
+        inputs=tuple(T(m, "int64", "L", f"each layer's {m} source layer, -1 = takes no part") for m in MAPS),
+        outputs=(OutputSpec("accepted", "exact", "the topology is valid", "bool", ""),),
+        params=(
+            *(
+                P(
+                    m,
+                    "int_list",
+                    f"the {m} source map",
+                    required=m != "candidate",
+                    derive=None if m != "candidate" else lambda p: [-1] * len(p.get("main_kv") or []),
+                    default_doc="" if m != "candidate" else "all -1, as long as main_kv",
+                )
+                for m in MAPS
+            ),
+            P("derived_from", "str", "the named config the maps were derived from", required=False, default=""),
+        ),
+        dims={"L": "layers (a map may differ in length, which must be rejected)"},
+        build=_inputs,
+        reference=_reference,
+        floor=8,
+        notes="inputs: int64 [L] source-layer maps, -1 = the layer takes no part (candidate all -1 when the "
+        "case gives none; index-K, index and candidate may differ in length from main-KV, which must "
+        "be rejected). build.expected_message (metadata) is the reference's reason, for reading only.",
+        extra={"expand": _expand},
+    )
+)

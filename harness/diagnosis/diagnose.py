@@ -72,12 +72,17 @@ class Match:
             what = f"matches: {named[0]}" if self.full else f"explains {_count(self.outputs, self.failing)}: {named[0]}"
         else:
             parts = [f"{n} (alone: {_names(e) or 'none on its own'})" for n, e in zip(named, self.explains)]
-            what = f"two known bugs at once, together explaining {_count(self.outputs, self.failing)}: " + "; and ".join(parts)
+            what = (
+                f"two known bugs at once, together explaining {_count(self.outputs, self.failing)}: "
+                + "; and ".join(parts)
+            )
         if self.full:
             what += f"; every failing output passes its own comparison against the reference with {'this bug' if len(self.variants) == 1 else 'both'}"
         if self.indistinguishable:
-            what += (f"; this case cannot tell it from {', '.join(f'[{t}]' for t in self.indistinguishable)}, "
-                     "which computes the same here")
+            what += (
+                f"; this case cannot tell it from {', '.join(f'[{t}]' for t in self.indistinguishable)}, "
+                "which computes the same here"
+            )
         return what
 
 
@@ -87,8 +92,11 @@ def _names(outputs) -> str:
 
 
 def _count(outputs, failing: int) -> str:
-    return f"{len(outputs)} of {failing} failing output(s) ({_names(outputs)})" if len(outputs) < failing else \
-        f"all {failing} failing output(s)"
+    return (
+        f"{len(outputs)} of {failing} failing output(s) ({_names(outputs)})"
+        if len(outputs) < failing
+        else f"all {failing} failing output(s)"
+    )
 
 
 @dataclass
@@ -113,14 +121,18 @@ class Diagnosis:
         elif not self.applicable:
             lines = ["diagnosis: no variant of the catalogue changes this component (docs/diagnosis.md)"]
         else:
-            lines = [f"diagnosis{where}: none of the {self.applicable} known porting bug(s) that can change this "
-                     "component explains these outputs (docs/diagnosis.md)"]
+            lines = [
+                f"diagnosis{where}: none of the {self.applicable} known porting bug(s) that can change this "
+                "component explains these outputs (docs/diagnosis.md)"
+            ]
         named = {v for m in self.matches for v in m.variants}
         for variant, output, bits in self.weak:
             if variant not in named:
-                lines.append(f"  [{variant}] reproduces {output}, but the tied rows it decides hold {bits:.2g} bit(s) of "
-                             f"choice: another tie order matches it by chance 1 time in {2 ** bits:.3g}; not named "
-                             "(docs/diagnosis.md, \"Evidence\")")
+                lines.append(
+                    f"  [{variant}] reproduces {output}, but the tied rows it decides hold {bits:.2g} bit(s) of "
+                    f"choice: another tie order matches it by chance 1 time in {2**bits:.3g}; not named "
+                    "(docs/diagnosis.md, \"Evidence\")"
+                )
         if self.stopped:
             lines.append(f"  diagnosis stopped: {self.stopped}")
         return lines
@@ -148,8 +160,16 @@ class _Single:
     breaks: frozenset[str]
 
 
-def diagnose(component: str, verdicts: dict[str, bool], params: dict, rejudge: Rejudge, budget: int,
-             at: str = "", screen: Rejudge | None = None, screen_cost: float = 1.0) -> Diagnosis:
+def diagnose(
+    component: str,
+    verdicts: dict[str, bool],
+    params: dict,
+    rejudge: Rejudge,
+    budget: int,
+    at: str = "",
+    screen: Rejudge | None = None,
+    screen_cost: float = 1.0,
+) -> Diagnosis:
     """`verdicts`: every judged output's verdict (True: passed) under the reference; `rejudge(params,
     stop_on)` judges the case again under whatever variant is in force; `budget`: re-runs at most.
     `screen`, for a long schedule: the same on its first steps only (up to the first divergent one),
@@ -163,8 +183,9 @@ def diagnose(component: str, verdicts: dict[str, bool], params: dict, rejudge: R
     if not failing:
         return result
 
-    def run(*variants: Variant, stop_on: frozenset[str] = passing, judge: Rejudge = rejudge,
-            cost: float = 1.0) -> Rejudged | None:
+    def run(
+        *variants: Variant, stop_on: frozenset[str] = passing, judge: Rejudge = rejudge, cost: float = 1.0
+    ) -> Rejudged | None:
         result.tried += 1
         result.spent = round(result.spent + cost, 6)
         try:
@@ -176,7 +197,9 @@ def diagnose(component: str, verdicts: dict[str, bool], params: dict, rejudge: R
     singles: list[_Single] = []
     for i, v in enumerate(candidates):
         if result.spent + (screen_cost if screen is not None else 0.0) + 1 > budget:
-            result.stopped = f"budget of {budget} re-run(s) spent after {i} of {len(candidates)} variant(s) (--diagnosis-budget)"
+            result.stopped = (
+                f"budget of {budget} re-run(s) spent after {i} of {len(candidates)} variant(s) (--diagnosis-budget)"
+            )
             break
         if screen is not None:
             first = run(v, judge=screen, cost=screen_cost)
@@ -186,8 +209,11 @@ def diagnose(component: str, verdicts: dict[str, bool], params: dict, rejudge: R
         if judged is None or not judged.changed:  # changes nothing on this case: no evidence either way
             continue
         explains = frozenset(n for n in failing if _passes(judged, n) and _evident(v, n, judged))
-        result.weak += [(v.name, n, round(judged.evidence.get(n, 0.0), 3)) for n in failing
-                        if _passes(judged, n) and n not in explains]
+        result.weak += [
+            (v.name, n, round(judged.evidence.get(n, 0.0), 3))
+            for n in failing
+            if _passes(judged, n) and n not in explains
+        ]
         breaks = frozenset(n for n in passing if not judged.ok.get(n, True))
         singles.append(_Single(v, judged, explains, breaks))
     causes = [s for s in singles if s.explains and not s.breaks]
@@ -203,8 +229,15 @@ def diagnose(component: str, verdicts: dict[str, bool], params: dict, rejudge: R
     left = set(failing)
     for s in sorted(causes, key=lambda s: -len(s.explains)):
         if s.explains & left:
-            result.matches.append(Match((s.variant.name,), (s.variant.summary,), (tuple(sorted(s.explains)),),
-                                        tuple(sorted(s.explains)), len(failing)))
+            result.matches.append(
+                Match(
+                    (s.variant.name,),
+                    (s.variant.summary,),
+                    (tuple(sorted(s.explains)),),
+                    tuple(sorted(s.explains)),
+                    len(failing),
+                )
+            )
             left -= s.explains
     result.unexplained = sorted(left) if result.matches else []
     return result
@@ -226,8 +259,9 @@ def _evident(v: Variant, name: str, judged: Rejudged) -> bool:
 
 def _evident_pair(a: _Single, b: _Single, failing: list[str], judged: Rejudged) -> bool:
     """Whether what each variant of a pair adds to its partner is evidence of it (`_evident`)."""
-    return all(_evident(x.variant, n, judged) for x, other in ((a, b), (b, a)) for n in failing
-               if n not in other.explains)
+    return all(
+        _evident(x.variant, n, judged) for x, other in ((a, b), (b, a)) for n in failing if n not in other.explains
+    )
 
 
 def _full_matches(full: list[_Single], failing: int) -> list[Match]:
@@ -239,13 +273,28 @@ def _full_matches(full: list[_Single], failing: int) -> list[Match]:
     for group in groups.values():
         first, *same = group
         names = tuple(sorted(first.explains))
-        out.append(Match((first.variant.name,), (first.variant.summary,), (names,), names, failing,
-                         tuple(s.variant.name for s in same)))
+        out.append(
+            Match(
+                (first.variant.name,),
+                (first.variant.summary,),
+                (names,),
+                names,
+                failing,
+                tuple(s.variant.name for s in same),
+            )
+        )
     return out
 
 
-def _pair(singles: list[_Single], causes: list[_Single], failing: list[str], passing: frozenset[str], run,
-          budget: int, result: Diagnosis) -> Match | None:
+def _pair(
+    singles: list[_Single],
+    causes: list[_Single],
+    failing: list[str],
+    passing: frozenset[str],
+    run,
+    budget: int,
+    result: Diagnosis,
+) -> Match | None:
     """Two variants applied together that explain every failing output and break none that passed:
     first pairs of partial causes that cover the failures between them, then a cause with a variant
     that moves what it leaves, then two variants that each move a failing output."""
@@ -266,8 +315,16 @@ def _pair(singles: list[_Single], causes: list[_Single], failing: list[str], pas
         judged = run(a.variant, b.variant, stop_on=passing | want)
         if judged is None:
             continue
-        if all(_passes(judged, n) for n in failing) and all(judged.ok.get(n, True) for n in passing) and \
-                _evident_pair(a, b, failing, judged):
-            return Match((a.variant.name, b.variant.name), (a.variant.summary, b.variant.summary),
-                         (tuple(sorted(a.explains)), tuple(sorted(b.explains))), tuple(failing), len(failing))
+        if (
+            all(_passes(judged, n) for n in failing)
+            and all(judged.ok.get(n, True) for n in passing)
+            and _evident_pair(a, b, failing, judged)
+        ):
+            return Match(
+                (a.variant.name, b.variant.name),
+                (a.variant.summary, b.variant.summary),
+                (tuple(sorted(a.explains)), tuple(sorted(b.explains))),
+                tuple(failing),
+                len(failing),
+            )
     return None

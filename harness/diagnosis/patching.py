@@ -28,9 +28,13 @@ def replaced(target: str, make: Callable[[Any], Any]) -> Iterator[None]:
     """Every harness module attribute bound to `target`'s object is `make(original)` inside the block."""
     _, _, original = resolve(target)
     replacement = make(original)
-    bound = [(module, name) for module_name, module in list(sys.modules.items())
-             if module is not None and (module_name == PREFIX[:-1] or module_name.startswith(PREFIX))
-             for name, value in list(vars(module).items()) if value is original]
+    bound = [
+        (module, name)
+        for module_name, module in list(sys.modules.items())
+        if module is not None and (module_name == PREFIX[:-1] or module_name.startswith(PREFIX))
+        for name, value in list(vars(module).items())
+        if value is original
+    ]
     for module, name in bound:
         setattr(module, name, replacement)
     try:

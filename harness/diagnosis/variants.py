@@ -217,7 +217,9 @@ def _fp8_blocks(block: int):
                 return original(x, b)
             q = original(x, block)
             times = block // b
-            return type(q)(q.y, q.codes, q.scale_bytes.repeat_interleave(times, -1), q.scales.repeat_interleave(times, -1))
+            return type(q)(
+                q.y, q.codes, q.scale_bytes.repeat_interleave(times, -1), q.scales.repeat_interleave(times, -1)
+            )
 
         return fp8_qdq_ue8m0
 
@@ -354,8 +356,10 @@ def _exact_scores(**change: bool):
 
 
 def _score_variant(**change: bool) -> Callable[[], ContextManager]:
-    return _both(_wrap(f"{INDEXER}:_scores_and_terms", _scores(**change)),
-                 _wrap(f"{INDEXER}:exact_index_scores", _exact_scores(**change)))
+    return _both(
+        _wrap(f"{INDEXER}:_scores_and_terms", _scores(**change)),
+        _wrap(f"{INDEXER}:exact_index_scores", _exact_scores(**change)),
+    )
 
 
 def _unscaled_head_weights(original):
@@ -363,7 +367,7 @@ def _unscaled_head_weights(original):
 
     def head_weights(x, weights_proj, index_head_dim, index_n_heads):
         original(x, weights_proj, index_head_dim, index_n_heads)  # its shape checks
-        return nx.linear_bf16(x, weights_proj) * index_n_heads ** -0.5  # softmax_scale left for the scores
+        return nx.linear_bf16(x, weights_proj) * index_n_heads**-0.5  # softmax_scale left for the scores
 
     return head_weights
 
@@ -450,97 +454,244 @@ def _flip(key: str, values: tuple[str, str], default: str) -> Callable[[dict], d
 
 VARIANTS: tuple[Variant, ...] = (
     # policies first: the commonest real divergence, and one flip of the case's params
-    Variant("candidate-leak-other-policy", "the other candidate_leak policy: drop (-1) where the case leaks masked "
-            "rows, or leak where it drops", "params.candidate_leak flipped", ("indexer.select", "indexer"),
-            params=_flip("candidate_leak", ("upstream", "drop"), "upstream")),
-    Variant("stale-index-keys-other-policy", "the other index-key policy: stale keys read where the case refreshes "
-            "them, or refreshed where it reads them stale (§10.1)", "params.index_k_policy flipped", ("attention",),
-            params=_flip("index_k_policy", ("upstream", "fixed"), "upstream")),
-    Variant("rmsnorm-bf16-before-weight", "RMSNorm rounds x * rsqrt(mean(x^2) + eps) to bf16 before the weight "
-            "multiply (two roundings: weight * x.to(bf16))", "numerics.rms_norm: one rounding more", NORM_USERS,
-            _wrap(f"{NUMERICS}:rms_norm", _norm_bf16_before_weight)),
-    Variant("rmsnorm-eps", "RMSNorm with 10x the model's eps", "numerics.rms_norm: eps * 10", NORM_USERS,
-            _wrap(f"{NUMERICS}:rms_norm", _norm_eps_times(10.0))),
-    Variant("rmsnorm-bf16-throughout", "RMSNorm computed on bf16 tensors throughout: squares, their mean, rsqrt "
-            "and both products each rounded to bf16 (upstream: fp32 inside, one rounding)",
-            "numerics.rms_norm: every op in bf16", NORM_USERS, _wrap(f"{NUMERICS}:rms_norm", _norm_bf16_throughout)),
-    Variant("rmsnorm-output-bf16", "RMSNorm output rounded to bf16 whatever the input's dtype (an fp32 input "
-            "gets bf16 precision back)", "numerics.rms_norm: result through bf16", ("norm.rms",),
-            _wrap(f"{NUMERICS}:rms_norm", _norm_output_bf16)),
-    Variant("rope-bf16-table", "RoPE with cos/sin rounded to bf16 before the rotation",
-            "rope.apply_rotary: the fp32 table rounded to bf16", ROPE_USERS, _wrap(f"{ROPE}:apply_rotary", _rope_bf16_table)),
-    Variant("rope-halves", "RoPE pairs channels (j, j + rope_dim/2) (rotate_half) where upstream pairs (2i, 2i + 1)",
-            "rope.apply_rotary: the tail's layout", ROPE_USERS, _wrap(f"{ROPE}:apply_rotary", _rope_halves)),
-    Variant("rope-first-dims", "RoPE on the first rope_dim channels instead of the last",
-            "rope.apply_rotary: which channels rotate", ROPE_USERS, _wrap(f"{ROPE}:apply_rotary", _rope_first_dims)),
-    Variant("yarn-betas-swapped", "YaRN ramp with beta_fast and beta_slow swapped",
-            "rope.yarn_correction_range: the betas' order", TABLE_USERS,
-            _wrap(f"{ROPE}:yarn_correction_range", _yarn_betas_swapped)),
-    Variant("yarn-no-ramp", "YaRN without its ramp: every frequency divided by the factor (upstream keeps the "
-            "high frequencies and blends between beta_fast and beta_slow)", "rope.yarn_correction_range: ramp 1 "
-            "everywhere", TABLE_USERS, _wrap(f"{ROPE}:yarn_correction_range", _yarn_no_ramp)),
-    Variant("e2m1-minus-zero-lost", "fp4 (e2m1) rounding turns every -0 into +0 (a dequantisation table with +0 at "
-            "the code of -0)", "numerics.e2m1_round: the sign of zero", E2M1_USERS,
-            _wrap(f"{NUMERICS}:e2m1_round", _e2m1_sign_lost)),
-    Variant("e2m1-zero-input-sign-lost", "fp4 (e2m1) rounding gives +0 where its input is exactly -0, and keeps "
-            "-0 where a negative value rounds to zero (sign(v) * table[i]: sign(-0) is 0)",
-            "numerics.e2m1_round: +0 at a zero input", E2M1_USERS,
-            _wrap(f"{NUMERICS}:e2m1_round", _e2m1_zero_input_sign_lost)),
-    Variant("e2m1-ties-away", "fp4 (e2m1) rounding with ties away from zero instead of to the even code",
-            "numerics.e2m1_round: tie rule", E2M1_USERS, _wrap(f"{NUMERICS}:e2m1_round", _e2m1_ties_away)),
-    Variant("pow2-scale-floor", "power-of-two scales rounded down (floor) instead of up (ceil)",
-            "numerics.pow2_ceil: floor", POW2_USERS, _wrap(f"{NUMERICS}:pow2_ceil", _pow2_floor)),
-    Variant("fp8-blocks-64", "fp8 act_quant / window quantisation in blocks of 64 instead of 32",
-            "numerics.fp8_qdq_ue8m0: block 64", FP8_USERS, _wrap(f"{NUMERICS}:fp8_qdq_ue8m0", _fp8_blocks(64))),
-    Variant("fp8-blocks-128", "fp8 act_quant / window quantisation in blocks of 128 instead of 32",
-            "numerics.fp8_qdq_ue8m0: block 128", FP8_USERS, _wrap(f"{NUMERICS}:fp8_qdq_ue8m0", _fp8_blocks(128))),
-    Variant("fp8-no-amax-floor", "fp8 quantisation without the amax floor of 1e-4 (tiny blocks get tiny scales)",
-            "numerics.FP8_AMAX_FLOOR: 448 * 2^-126", FP8_USERS,
-            lambda: constant(f"{NUMERICS}:FP8_AMAX_FLOOR", 448.0 * 2.0 ** -126)),
-    Variant("fp8-no-amax-floor-at-all", "fp8 quantisation with no amax floor at all: an all-zero block gets the "
-            "scale 0, and 0 / 0 writes NaN codes and values", "numerics.fp8_qdq_ue8m0: zero blocks NaN", FP8_USERS,
-            _wrap(f"{NUMERICS}:fp8_qdq_ue8m0", _fp8_no_floor)),
-    Variant("fp4-e4m3-as-pow2-blocks-32", "compressed-KV fp4 in blocks of 32 with power-of-two scales where "
-            "upstream uses blocks of 16 with e4m3 scales", "numerics.fp4_qdq_e4m3: fp4_qdq_e8m0 block 32",
-            FP4_E4M3_USERS, _wrap(f"{NUMERICS}:fp4_qdq_e4m3", _fp4_e4m3_as_pow2_blocks32)),
-    Variant("fp4-e4m3-scale-bf16", "compressed-KV fp4 scales kept in bf16 instead of e4m3",
-            "numerics.fp4_qdq_e4m3: scale rounding", FP4_E4M3_USERS,
-            _wrap(f"{NUMERICS}:fp4_qdq_e4m3", _fp4_e4m3_bf16_scale)),
-    Variant("fp8-linear-without-act-quant", "fp8 Linears without act_quant: bf16 activations times the dequantised "
-            "weight", "fp8_linear.linear_fp8: no activation quantisation", FP8_USERS,
-            _wrap(f"{REF}.fp8_linear:linear_fp8", _no_act_quant)),
-    Variant("index-scores-scale-on-scores", "softmax_scale (index_head_dim^-0.5) left out of the head weights and "
-            "applied to the scores instead (upstream: weights_proj(x) * softmax_scale * n_heads^-0.5, bf16)",
-            "indexer.head_weights: n_heads^-0.5 only", ("indexer.weights",),
-            _wrap(f"{INDEXER}:head_weights", _unscaled_head_weights)),
-    Variant("index-scores-without-relu", "index scores without the ReLU of each head's dot product",
-            "indexer._scores_and_terms: no ReLU", SCORE_USERS, _score_variant(relu=False)),
-    Variant("index-scores-without-head-weights", "index scores summed over heads without the head weights",
-            "indexer._scores_and_terms: w = 1", SCORE_USERS,
-            _score_variant(weights=False)),
-    Variant("topk-lowest-index-ties", "top-k breaking ties by the lowest index (a stable sort, CUDA-like or "
-            "argpartition) instead of torch's CPU order", "topk.torch_cpu_topk: stable order", SELECT_USERS,
-            _wrap(f"{REF}.topk:torch_cpu_topk", _lowest_index_topk), evidence=TIE_EVIDENCE_BITS),
-    Variant("candidate-blocks-zero-padding", "candidate blocks padded with 0 instead of -inf past the last row",
-            "candidates.select_candidate_blocks: padding value", ("candidates.select", "attention"),
-            _wrap(f"{REF}.candidates:select_candidate_blocks", _blocks_padded_with_zero)),
-    Variant("window-newest-first", "window lanes ordered newest first instead of oldest first",
-            "window.window_ids_*: order", ("window.indices", "attention"),
-            _both(_wrap(f"{REF}.window:window_ids_prefill", _newest_first),
-                  _wrap(f"{REF}.window:window_ids_decode", _newest_first),
-                  _wrap(f"{REF}.window:window_ids_chunk", _newest_first))),
-    Variant("gate-softmax-over-channels", "the compressor's gate softmax taken over the channels instead of over "
-            "the group's positions", "compressor.pool_group: softmax axis", ("compressor", "attention"),
-            _wrap(f"{REF}.compressor:pool_group", _gate_softmax_over_channels)),
-    Variant("attention-logits-bf16", "attention logits computed on bf16 tensors (matmul(q, k.T) * scale, each "
-            "rounded to bf16) where upstream keeps the fp32 dot products", "sparse_attn.sparse_attn: bf16 logits",
-            ("sparse_attn", "attention"), _wrap(f"{REF}.sparse_attn:sparse_attn", _logits_bf16)),
-    Variant("sink-left-out", "sparse attention without the sink in the softmax denominator",
-            "sparse_attn.sparse_attn: sink -inf", ("sparse_attn", "attention"),
-            _wrap(f"{REF}.sparse_attn:sparse_attn", _sink_left_out)),
-    Variant("sink-scaled", "the sink logit multiplied by softmax_scale like the scores (it is a raw logit)",
-            "sparse_attn.sparse_attn: sink * softmax_scale", ("sparse_attn", "attention"),
-            _wrap(f"{REF}.sparse_attn:sparse_attn", _sink_scaled)),
+    Variant(
+        "candidate-leak-other-policy",
+        "the other candidate_leak policy: drop (-1) where the case leaks masked rows, or leak where it drops",
+        "params.candidate_leak flipped",
+        ("indexer.select", "indexer"),
+        params=_flip("candidate_leak", ("upstream", "drop"), "upstream"),
+    ),
+    Variant(
+        "stale-index-keys-other-policy",
+        "the other index-key policy: stale keys read where the case refreshes "
+        "them, or refreshed where it reads them stale (§10.1)",
+        "params.index_k_policy flipped",
+        ("attention",),
+        params=_flip("index_k_policy", ("upstream", "fixed"), "upstream"),
+    ),
+    Variant(
+        "rmsnorm-bf16-before-weight",
+        "RMSNorm rounds x * rsqrt(mean(x^2) + eps) to bf16 before the weight "
+        "multiply (two roundings: weight * x.to(bf16))",
+        "numerics.rms_norm: one rounding more",
+        NORM_USERS,
+        _wrap(f"{NUMERICS}:rms_norm", _norm_bf16_before_weight),
+    ),
+    Variant(
+        "rmsnorm-eps",
+        "RMSNorm with 10x the model's eps",
+        "numerics.rms_norm: eps * 10",
+        NORM_USERS,
+        _wrap(f"{NUMERICS}:rms_norm", _norm_eps_times(10.0)),
+    ),
+    Variant(
+        "rmsnorm-bf16-throughout",
+        "RMSNorm computed on bf16 tensors throughout: squares, their mean, rsqrt "
+        "and both products each rounded to bf16 (upstream: fp32 inside, one rounding)",
+        "numerics.rms_norm: every op in bf16",
+        NORM_USERS,
+        _wrap(f"{NUMERICS}:rms_norm", _norm_bf16_throughout),
+    ),
+    Variant(
+        "rmsnorm-output-bf16",
+        "RMSNorm output rounded to bf16 whatever the input's dtype (an fp32 input gets bf16 precision back)",
+        "numerics.rms_norm: result through bf16",
+        ("norm.rms",),
+        _wrap(f"{NUMERICS}:rms_norm", _norm_output_bf16),
+    ),
+    Variant(
+        "rope-bf16-table",
+        "RoPE with cos/sin rounded to bf16 before the rotation",
+        "rope.apply_rotary: the fp32 table rounded to bf16",
+        ROPE_USERS,
+        _wrap(f"{ROPE}:apply_rotary", _rope_bf16_table),
+    ),
+    Variant(
+        "rope-halves",
+        "RoPE pairs channels (j, j + rope_dim/2) (rotate_half) where upstream pairs (2i, 2i + 1)",
+        "rope.apply_rotary: the tail's layout",
+        ROPE_USERS,
+        _wrap(f"{ROPE}:apply_rotary", _rope_halves),
+    ),
+    Variant(
+        "rope-first-dims",
+        "RoPE on the first rope_dim channels instead of the last",
+        "rope.apply_rotary: which channels rotate",
+        ROPE_USERS,
+        _wrap(f"{ROPE}:apply_rotary", _rope_first_dims),
+    ),
+    Variant(
+        "yarn-betas-swapped",
+        "YaRN ramp with beta_fast and beta_slow swapped",
+        "rope.yarn_correction_range: the betas' order",
+        TABLE_USERS,
+        _wrap(f"{ROPE}:yarn_correction_range", _yarn_betas_swapped),
+    ),
+    Variant(
+        "yarn-no-ramp",
+        "YaRN without its ramp: every frequency divided by the factor (upstream keeps the "
+        "high frequencies and blends between beta_fast and beta_slow)",
+        "rope.yarn_correction_range: ramp 1 everywhere",
+        TABLE_USERS,
+        _wrap(f"{ROPE}:yarn_correction_range", _yarn_no_ramp),
+    ),
+    Variant(
+        "e2m1-minus-zero-lost",
+        "fp4 (e2m1) rounding turns every -0 into +0 (a dequantisation table with +0 at the code of -0)",
+        "numerics.e2m1_round: the sign of zero",
+        E2M1_USERS,
+        _wrap(f"{NUMERICS}:e2m1_round", _e2m1_sign_lost),
+    ),
+    Variant(
+        "e2m1-zero-input-sign-lost",
+        "fp4 (e2m1) rounding gives +0 where its input is exactly -0, and keeps "
+        "-0 where a negative value rounds to zero (sign(v) * table[i]: sign(-0) is 0)",
+        "numerics.e2m1_round: +0 at a zero input",
+        E2M1_USERS,
+        _wrap(f"{NUMERICS}:e2m1_round", _e2m1_zero_input_sign_lost),
+    ),
+    Variant(
+        "e2m1-ties-away",
+        "fp4 (e2m1) rounding with ties away from zero instead of to the even code",
+        "numerics.e2m1_round: tie rule",
+        E2M1_USERS,
+        _wrap(f"{NUMERICS}:e2m1_round", _e2m1_ties_away),
+    ),
+    Variant(
+        "pow2-scale-floor",
+        "power-of-two scales rounded down (floor) instead of up (ceil)",
+        "numerics.pow2_ceil: floor",
+        POW2_USERS,
+        _wrap(f"{NUMERICS}:pow2_ceil", _pow2_floor),
+    ),
+    Variant(
+        "fp8-blocks-64",
+        "fp8 act_quant / window quantisation in blocks of 64 instead of 32",
+        "numerics.fp8_qdq_ue8m0: block 64",
+        FP8_USERS,
+        _wrap(f"{NUMERICS}:fp8_qdq_ue8m0", _fp8_blocks(64)),
+    ),
+    Variant(
+        "fp8-blocks-128",
+        "fp8 act_quant / window quantisation in blocks of 128 instead of 32",
+        "numerics.fp8_qdq_ue8m0: block 128",
+        FP8_USERS,
+        _wrap(f"{NUMERICS}:fp8_qdq_ue8m0", _fp8_blocks(128)),
+    ),
+    Variant(
+        "fp8-no-amax-floor",
+        "fp8 quantisation without the amax floor of 1e-4 (tiny blocks get tiny scales)",
+        "numerics.FP8_AMAX_FLOOR: 448 * 2^-126",
+        FP8_USERS,
+        lambda: constant(f"{NUMERICS}:FP8_AMAX_FLOOR", 448.0 * 2.0**-126),
+    ),
+    Variant(
+        "fp8-no-amax-floor-at-all",
+        "fp8 quantisation with no amax floor at all: an all-zero block gets the "
+        "scale 0, and 0 / 0 writes NaN codes and values",
+        "numerics.fp8_qdq_ue8m0: zero blocks NaN",
+        FP8_USERS,
+        _wrap(f"{NUMERICS}:fp8_qdq_ue8m0", _fp8_no_floor),
+    ),
+    Variant(
+        "fp4-e4m3-as-pow2-blocks-32",
+        "compressed-KV fp4 in blocks of 32 with power-of-two scales where upstream uses blocks of 16 with e4m3 scales",
+        "numerics.fp4_qdq_e4m3: fp4_qdq_e8m0 block 32",
+        FP4_E4M3_USERS,
+        _wrap(f"{NUMERICS}:fp4_qdq_e4m3", _fp4_e4m3_as_pow2_blocks32),
+    ),
+    Variant(
+        "fp4-e4m3-scale-bf16",
+        "compressed-KV fp4 scales kept in bf16 instead of e4m3",
+        "numerics.fp4_qdq_e4m3: scale rounding",
+        FP4_E4M3_USERS,
+        _wrap(f"{NUMERICS}:fp4_qdq_e4m3", _fp4_e4m3_bf16_scale),
+    ),
+    Variant(
+        "fp8-linear-without-act-quant",
+        "fp8 Linears without act_quant: bf16 activations times the dequantised weight",
+        "fp8_linear.linear_fp8: no activation quantisation",
+        FP8_USERS,
+        _wrap(f"{REF}.fp8_linear:linear_fp8", _no_act_quant),
+    ),
+    Variant(
+        "index-scores-scale-on-scores",
+        "softmax_scale (index_head_dim^-0.5) left out of the head weights and "
+        "applied to the scores instead (upstream: weights_proj(x) * softmax_scale * n_heads^-0.5, bf16)",
+        "indexer.head_weights: n_heads^-0.5 only",
+        ("indexer.weights",),
+        _wrap(f"{INDEXER}:head_weights", _unscaled_head_weights),
+    ),
+    Variant(
+        "index-scores-without-relu",
+        "index scores without the ReLU of each head's dot product",
+        "indexer._scores_and_terms: no ReLU",
+        SCORE_USERS,
+        _score_variant(relu=False),
+    ),
+    Variant(
+        "index-scores-without-head-weights",
+        "index scores summed over heads without the head weights",
+        "indexer._scores_and_terms: w = 1",
+        SCORE_USERS,
+        _score_variant(weights=False),
+    ),
+    Variant(
+        "topk-lowest-index-ties",
+        "top-k breaking ties by the lowest index (a stable sort, CUDA-like or "
+        "argpartition) instead of torch's CPU order",
+        "topk.torch_cpu_topk: stable order",
+        SELECT_USERS,
+        _wrap(f"{REF}.topk:torch_cpu_topk", _lowest_index_topk),
+        evidence=TIE_EVIDENCE_BITS,
+    ),
+    Variant(
+        "candidate-blocks-zero-padding",
+        "candidate blocks padded with 0 instead of -inf past the last row",
+        "candidates.select_candidate_blocks: padding value",
+        ("candidates.select", "attention"),
+        _wrap(f"{REF}.candidates:select_candidate_blocks", _blocks_padded_with_zero),
+    ),
+    Variant(
+        "window-newest-first",
+        "window lanes ordered newest first instead of oldest first",
+        "window.window_ids_*: order",
+        ("window.indices", "attention"),
+        _both(
+            _wrap(f"{REF}.window:window_ids_prefill", _newest_first),
+            _wrap(f"{REF}.window:window_ids_decode", _newest_first),
+            _wrap(f"{REF}.window:window_ids_chunk", _newest_first),
+        ),
+    ),
+    Variant(
+        "gate-softmax-over-channels",
+        "the compressor's gate softmax taken over the channels instead of over the group's positions",
+        "compressor.pool_group: softmax axis",
+        ("compressor", "attention"),
+        _wrap(f"{REF}.compressor:pool_group", _gate_softmax_over_channels),
+    ),
+    Variant(
+        "attention-logits-bf16",
+        "attention logits computed on bf16 tensors (matmul(q, k.T) * scale, each "
+        "rounded to bf16) where upstream keeps the fp32 dot products",
+        "sparse_attn.sparse_attn: bf16 logits",
+        ("sparse_attn", "attention"),
+        _wrap(f"{REF}.sparse_attn:sparse_attn", _logits_bf16),
+    ),
+    Variant(
+        "sink-left-out",
+        "sparse attention without the sink in the softmax denominator",
+        "sparse_attn.sparse_attn: sink -inf",
+        ("sparse_attn", "attention"),
+        _wrap(f"{REF}.sparse_attn:sparse_attn", _sink_left_out),
+    ),
+    Variant(
+        "sink-scaled",
+        "the sink logit multiplied by softmax_scale like the scores (it is a raw logit)",
+        "sparse_attn.sparse_attn: sink * softmax_scale",
+        ("sparse_attn", "attention"),
+        _wrap(f"{REF}.sparse_attn:sparse_attn", _sink_scaled),
+    ),
 )
 
 

@@ -60,12 +60,11 @@ from v41_conformance.reference import numerics as nx  # quantisers looked up at 
 from v41_conformance.reference.fp8_linear import Fp8Weight, project
 from v41_conformance.reference.numerics import rms_norm
 from v41_conformance.reference.rope import apply_rotary, freqs_table
-from v41_conformance.reference.runtime import (LayerState, SharedRuntime, check_policy,
-                                       init_states)
+from v41_conformance.reference.runtime import LayerState, SharedRuntime, check_policy, init_states
 from v41_conformance.reference.sparse_attn import sparse_attn
 from v41_conformance.reference.window import window_ids_decode, window_ids_prefill
 
-FP8_BLOCK = 32   # fp8_block_size (M:23-30), window KV act_quant
+FP8_BLOCK = 32  # fp8_block_size (M:23-30), window KV act_quant
 
 
 @dataclass(frozen=True)
@@ -73,18 +72,18 @@ class LayerWeights:
     """One layer's attention parameters (§5.1, §3.1, §4.1), bf16 unless noted. With the fp8
     checkpoint (§6.4) wq_a, wq_b, wkv and wo_b (and the indexer's wq_b) are `Fp8Weight`s."""
 
-    wq_a: torch.Tensor | Fp8Weight          # [q_lora, dim]
-    q_norm: torch.Tensor                    # [q_lora]
-    wq_b: torch.Tensor | Fp8Weight          # [h * hd, q_lora]
-    wkv: torch.Tensor | Fp8Weight           # [hd, dim]
-    kv_norm: torch.Tensor                   # [hd]
-    wo_a: torch.Tensor                      # [g * o_lora, h * hd / g], bf16 in both weight modes
-    wo_b: torch.Tensor | Fp8Weight          # [dim, g * o_lora]
-    attn_sink: torch.Tensor                 # fp32 [h]
-    compressor: CompressorWeights | None = None   # kv sources
-    indexer: IndexerWeights | None = None         # index sources
-    wk: torch.Tensor | None = None                # [ihd, hd], key-owning index sources
-    k_norm: torch.Tensor | None = None            # [ihd]
+    wq_a: torch.Tensor | Fp8Weight  # [q_lora, dim]
+    q_norm: torch.Tensor  # [q_lora]
+    wq_b: torch.Tensor | Fp8Weight  # [h * hd, q_lora]
+    wkv: torch.Tensor | Fp8Weight  # [hd, dim]
+    kv_norm: torch.Tensor  # [hd]
+    wo_a: torch.Tensor  # [g * o_lora, h * hd / g], bf16 in both weight modes
+    wo_b: torch.Tensor | Fp8Weight  # [dim, g * o_lora]
+    attn_sink: torch.Tensor  # fp32 [h]
+    compressor: CompressorWeights | None = None  # kv sources
+    indexer: IndexerWeights | None = None  # index sources
+    wk: torch.Tensor | None = None  # [ihd, hd], key-owning index sources
+    k_norm: torch.Tensor | None = None  # [ihd]
 
 
 class AttnStepResult(NamedTuple):
@@ -133,7 +132,7 @@ def init_weights(cfg: AttnConfig, seed: int) -> tuple[LayerWeights, ...]:
     g = torch.Generator().manual_seed(seed)
 
     def lin(out_f: int, in_f: int) -> torch.Tensor:
-        return (randn(out_f, in_f, generator=g) * in_f ** -0.5).to(torch.bfloat16)
+        return (randn(out_f, in_f, generator=g) * in_f**-0.5).to(torch.bfloat16)
 
     def norm(n: int) -> torch.Tensor:
         return (1.0 + 0.1 * randn(n, generator=g)).to(torch.bfloat16)
@@ -142,19 +141,26 @@ def init_weights(cfg: AttnConfig, seed: int) -> tuple[LayerWeights, ...]:
     group_in = h * hd // cfg.o_groups
     layers = []
     for role in layer_roles(cfg):
-        base = dict(wq_a=lin(cfg.q_lora_rank, cfg.dim), q_norm=norm(cfg.q_lora_rank),
-                    wq_b=lin(h * hd, cfg.q_lora_rank), wkv=lin(hd, cfg.dim), kv_norm=norm(hd),
-                    wo_a=lin(cfg.o_groups * cfg.o_lora_rank, group_in),
-                    wo_b=lin(cfg.dim, cfg.o_groups * cfg.o_lora_rank),
-                    attn_sink=randn(h, generator=g))
+        base = dict(
+            wq_a=lin(cfg.q_lora_rank, cfg.dim),
+            q_norm=norm(cfg.q_lora_rank),
+            wq_b=lin(h * hd, cfg.q_lora_rank),
+            wkv=lin(hd, cfg.dim),
+            kv_norm=norm(hd),
+            wo_a=lin(cfg.o_groups * cfg.o_lora_rank, group_in),
+            wo_b=lin(cfg.dim, cfg.o_groups * cfg.o_lora_rank),
+            attn_sink=randn(h, generator=g),
+        )
         if role.is_kv_source:
             wkv = lin(hd, cfg.dim)
             gate = lin(hd, cfg.dim).float() if role.ratio == 2 else None
             base["compressor"] = CompressorWeights(
-                wkv.float() if role.ratio == 2 else wkv, norm(hd), gate, cfg.norm_eps)
+                wkv.float() if role.ratio == 2 else wkv, norm(hd), gate, cfg.norm_eps
+            )
         if role.is_index_source:
-            base["indexer"] = IndexerWeights(lin(cfg.index_n_heads * ihd, cfg.q_lora_rank),
-                                             lin(cfg.index_n_heads, cfg.dim))
+            base["indexer"] = IndexerWeights(
+                lin(cfg.index_n_heads * ihd, cfg.q_lora_rank), lin(cfg.index_n_heads, cfg.dim)
+            )
         if role.owns_k:
             base["wk"], base["k_norm"] = lin(ihd, hd), norm(ihd)
         layers.append(LayerWeights(**base))
@@ -179,7 +185,7 @@ def window_part_length(start: int, S: int, win: int) -> int:
 
 def _chunk_window_ids(start: int, S: int, win: int) -> torch.Tensor:
     """int32 [S, win] for the harness chunk layout (module docstring)."""
-    pos = start + torch.arange(S).unsqueeze(1) - win + 1 + torch.arange(win)   # [S, win]
+    pos = start + torch.arange(S).unsqueeze(1) - win + 1 + torch.arange(win)  # [S, win]
     ids = torch.where(pos < start, pos % win, win + pos - start)
     return torch.where(pos < 0, -1, ids).to(torch.int32)
 
@@ -194,8 +200,7 @@ def step_window_ids(start: int, S: int, win: int) -> torch.Tensor:
     return _chunk_window_ids(start, S, win)
 
 
-def window_part(ring: torch.Tensor, kv: torch.Tensor, start: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def window_part(ring: torch.Tensor, kv: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(window KV part [b, n, hd], window ids int32 [b, S, w], new ring [b, win, hd]).
 
     ring bf16 [b, win, hd] before the step; kv bf16 [b, S, hd] the chunk's finished rows.
@@ -203,7 +208,7 @@ def window_part(ring: torch.Tensor, kv: torch.Tensor, start: int
     b, S, _ = kv.shape
     win = ring.shape[1]
     new_ring = ring.clone()
-    for t in range(max(0, S - win), S):                    # per-token writes, later wins
+    for t in range(max(0, S - win), S):  # per-token writes, later wins
         new_ring[:, (start + t) % win] = kv[:, t]
     if start == 0:
         part = kv
@@ -218,9 +223,16 @@ def window_part(ring: torch.Tensor, kv: torch.Tensor, start: int
 # ----------------------------------------------------------------------------- the step
 
 
-def attention_step(layer: int, cfg: AttnConfig, weights: LayerWeights, state: LayerState,
-                   runtime: SharedRuntime, x: torch.Tensor, start: int,
-                   policy: str = "upstream") -> AttnStepResult:
+def attention_step(
+    layer: int,
+    cfg: AttnConfig,
+    weights: LayerWeights,
+    state: LayerState,
+    runtime: SharedRuntime,
+    x: torch.Tensor,
+    start: int,
+    policy: str = "upstream",
+) -> AttnStepResult:
     """Layer `layer` over x bf16 [b, S, dim] at positions start..start+S-1 (module docstring).
 
     policy: "upstream" (bit-faithful §10.1: index_k republished only when a group closes) or
@@ -231,23 +243,24 @@ def attention_step(layer: int, cfg: AttnConfig, weights: LayerWeights, state: La
     b, S, dim = x.shape
     end = start + S
     if x.dtype != torch.bfloat16 or dim != cfg.dim or S < 1:
-        raise ValueError(f"x must be bf16 [b, S >= 1, dim={cfg.dim}], got {x.dtype} "
-                         f"{tuple(x.shape)}")
+        raise ValueError(f"x must be bf16 [b, S >= 1, dim={cfg.dim}], got {x.dtype} {tuple(x.shape)}")
     if start != state.end:
-        raise ValueError(f"layer {layer}: step starts at {start} but the state holds "
-                         f"{state.end} positions; steps must be contiguous (no rollback here)")
+        raise ValueError(
+            f"layer {layer}: step starts at {start} but the state holds "
+            f"{state.end} positions; steps must be contiguous (no rollback here)"
+        )
     if end > cfg.max_seq_len:
         raise ValueError(f"step ends at {end} > max_seq_len {cfg.max_seq_len}")
     w, eps, rd = weights, cfg.norm_eps, cfg.rope_head_dim
     table = rope_table(cfg, role.ratio)
-    freqs = table[start:end]                                                  # [S, rd/2, 2]
+    freqs = table[start:end]  # [S, rd/2, 2]
 
     qr = rms_norm(project(x, w.wq_a), w.q_norm, eps)
     q = project(qr, w.wq_b).unflatten(-1, (cfg.n_heads, -1))
-    q = apply_rotary(q, freqs, rd)                                            # [b, S, h, hd]
+    q = apply_rotary(q, freqs, rd)  # [b, S, h, hd]
     kv = rms_norm(project(x, w.wkv), w.kv_norm, eps)
-    kv_rope = apply_rotary(kv, freqs, rd)                                     # [b, S, hd]
-    kv = nx.fp8_qdq_ue8m0(kv_rope, FP8_BLOCK).y                                  # [b, S, hd]
+    kv_rope = apply_rotary(kv, freqs, rd)  # [b, S, hd]
+    kv = nx.fp8_qdq_ue8m0(kv_rope, FP8_BLOCK).y  # [b, S, hd]
     win_kv, win_ids, new_window = window_part(state.window, kv, start)
     offset = win_kv.shape[1]
 
@@ -260,29 +273,33 @@ def attention_step(layer: int, cfg: AttnConfig, weights: LayerWeights, state: La
     if role.ratio > 0:
         r, T = role.ratio, end // role.ratio
         if role.is_kv_source:
-            ckv_cache, ik_cache, ring, runtime = _compress(layer, role, cfg, w, state, runtime,
-                                                           x, start, table, policy, dumps)
+            ckv_cache, ik_cache, ring, runtime = _compress(
+                layer, role, cfg, w, state, runtime, x, start, table, policy, dumps
+            )
         comp_kv = runtime.read("compress_kv", layer)[:b, :T]
         sources["compress_kv"] = runtime.compress_kv_from
         if role.is_index_source:
-            comp_ids, cand, runtime = _select(layer, role, cfg, w, runtime, x, qr, start,
-                                              table, offset, sources, dumps)
+            comp_ids, cand, runtime = _select(layer, role, cfg, w, runtime, x, qr, start, table, offset, sources, dumps)
         else:
             comp_ids = runtime.read("topk_idxs", layer)
             sources["topk_idxs"] = runtime.topk_idxs_from
             if tuple(comp_ids.shape[:2]) != (b, S):
-                raise ValueError(f"layer {layer} reuses topk_idxs {tuple(comp_ids.shape)} from "
-                                 f"layer {runtime.topk_idxs_from}, expected [{b}, {S}, k]")
+                raise ValueError(
+                    f"layer {layer} reuses topk_idxs {tuple(comp_ids.shape)} from "
+                    f"layer {runtime.topk_idxs_from}, expected [{b}, {S}, k]"
+                )
         if comp_kv.shape[1] != T:
-            raise ValueError(f"layer {layer}: compress_kv of layer {runtime.compress_kv_from} "
-                             f"has {comp_kv.shape[1]} rows, needs end // {r} = {T}")
+            raise ValueError(
+                f"layer {layer}: compress_kv of layer {runtime.compress_kv_from} "
+                f"has {comp_kv.shape[1]} rows, needs end // {r} = {T}"
+            )
 
-    kv_all = torch.cat([win_kv, comp_kv], dim=1)                              # [b, n, hd]
-    ids = torch.cat([win_ids, comp_ids], dim=-1)                              # [b, S, w + k]
-    attn = sparse_attn(q, kv_all, w.attn_sink, ids, cfg.softmax_scale)        # [b, S, h, hd]
+    kv_all = torch.cat([win_kv, comp_kv], dim=1)  # [b, n, hd]
+    ids = torch.cat([win_ids, comp_ids], dim=-1)  # [b, S, w + k]
+    attn = sparse_attn(q, kv_all, w.attn_sink, ids, cfg.softmax_scale)  # [b, S, h, hd]
     o = apply_rotary(attn, freqs, rd, inverse=True)
-    z = output_rank(o, w.wo_a, cfg)                                           # [b, S, g * r]
-    out = project(z, w.wo_b)                                                  # [b, S, dim]
+    z = output_rank(o, w.wo_a, cfg)  # [b, S, g * r]
+    out = project(z, w.wo_b)  # [b, S, dim]
     dumps.update(kv=kv_all, attn=attn, o=o, z=z)
     new_state = LayerState(new_window, ckv_cache, ik_cache, ring, end)
     return AttnStepResult(out, ids, win_ids, comp_ids, cand, new_state, runtime, sources, dumps)
@@ -292,9 +309,9 @@ def output_rank(o: torch.Tensor, wo_a: torch.Tensor, cfg: AttnConfig) -> torch.T
     """The grouped wo_a projection (M:782-786): o bf16 [..., h, hd] -> z bf16 [..., g * o_lora], each
     group's h*hd/g channels times its o_lora rows, fp32 accumulate, one rounding (wo_b's input)."""
     lead = o.shape[:-2]
-    wo_a = wo_a.view(cfg.o_groups, cfg.o_lora_rank, -1)                       # [g, r, h*hd/g]
-    grouped = o.reshape(-1, cfg.o_groups, wo_a.shape[-1])                     # [n, g, h*hd/g]
-    z = einsum_f32("ngd,grd->ngr", grouped, wo_a).to(torch.bfloat16)          # [n, g, r]
+    wo_a = wo_a.view(cfg.o_groups, cfg.o_lora_rank, -1)  # [g, r, h*hd/g]
+    grouped = o.reshape(-1, cfg.o_groups, wo_a.shape[-1])  # [n, g, h*hd/g]
+    z = einsum_f32("ngd,grd->ngr", grouped, wo_a).to(torch.bfloat16)  # [n, g, r]
     return z.reshape(*lead, -1)
 
 
@@ -302,20 +319,32 @@ def _compress(layer, role, cfg, w, state, runtime, x, start, table, policy, dump
     """Compressor + kv_finish + cache writes + publication of a kv source (M:739-763)."""
     step = compressor_step(x, start, state.comp_ring, w.compressor, role.ratio)
     owns = role.owns_k
-    fin = kv_finish(step.rows, step.row_positions, table, cfg.rope_head_dim,
-                    w.wk if owns else None, w.k_norm if owns else None, cfg.norm_eps)
-    rows = step.row_positions // role.ratio                                   # [G]
+    fin = kv_finish(
+        step.rows,
+        step.row_positions,
+        table,
+        cfg.rope_head_dim,
+        w.wk if owns else None,
+        w.k_norm if owns else None,
+        cfg.norm_eps,
+    )
+    rows = step.row_positions // role.ratio  # [G]
     ckv = state.compress_kv.clone()
     ckv[:, rows] = fin.main
-    runtime = runtime.publish(layer, compress_kv=ckv)                         # unconditional
+    runtime = runtime.publish(layer, compress_kv=ckv)  # unconditional
     ik = state.index_k
     if owns:
         ik = ik.clone()
         ik[:, rows] = fin.index_k
-        if rows.numel() > 0 or policy == "fixed":                            # §10.1
+        if rows.numel() > 0 or policy == "fixed":  # §10.1
             runtime = runtime.publish(layer, index_k=ik)
-    dumps.update(latent=step.rows, compress_rows=fin.main, index_k_rows=fin.index_k,
-                 compress_pre=fin.main_rope, index_k_pre=fin.index_rope)
+    dumps.update(
+        latent=step.rows,
+        compress_rows=fin.main,
+        index_k_rows=fin.index_k,
+        compress_pre=fin.main_rope,
+        index_k_pre=fin.index_rope,
+    )
     return ckv, ik, step.ring, runtime
 
 
@@ -324,7 +353,7 @@ def _select(layer, role, cfg, w, runtime, x, qr, start, table, offset, sources, 
     b, S, _ = x.shape
     T = (start + S) // role.ratio
     cand = None
-    if T == 0:                          # upstream skips the indexer; publishes an empty set
+    if T == 0:  # upstream skips the indexer; publishes an empty set
         ids = torch.zeros(b, S, 0, dtype=torch.int32)
     else:
         keys = runtime.read("index_k", layer)
@@ -332,15 +361,20 @@ def _select(layer, role, cfg, w, runtime, x, qr, start, table, offset, sources, 
         if role.candidate_source is not None:
             cand = runtime.read("candidates", layer)
             sources["candidates"] = runtime.candidates_from
-        res = indexer_forward(x, qr, keys, start, role.ratio, w.indexer, table,
-                              cfg.rope_head_dim, cfg.index_topk, offset, candidates=cand)
+        res = indexer_forward(
+            x, qr, keys, start, role.ratio, w.indexer, table, cfg.rope_head_dim, cfg.index_topk, offset, candidates=cand
+        )
         ids = res.ids
-        dumps.update(index_scores=res.scores, visible_scores=res.visible_scores, masked_scores=res.masked_scores,
-                     index_q=res.query)
+        dumps.update(
+            index_scores=res.scores,
+            visible_scores=res.visible_scores,
+            masked_scores=res.masked_scores,
+            index_q=res.query,
+        )
         if role.is_candidate_source:
-            cand = select_candidate_blocks(res.visible_scores, res.compress_lens,
-                                           cfg.candidate_topk_blocks,
-                                           cfg.candidate_block_size).mask
+            cand = select_candidate_blocks(
+                res.visible_scores, res.compress_lens, cfg.candidate_topk_blocks, cfg.candidate_block_size
+            ).mask
             runtime = runtime.publish(layer, candidates=cand)
     runtime = runtime.publish(layer, topk_idxs=ids)
     return ids, cand, runtime
@@ -349,8 +383,13 @@ def _select(layer, role, cfg, w, runtime, x, qr, start, table, offset, sources, 
 # ----------------------------------------------------------------------------- the model
 
 
-def run_model(cfg: AttnConfig, weights: Sequence[LayerWeights], x_seq: torch.Tensor,
-              schedule: Sequence[tuple[int, int]], policy: str = "upstream") -> ModelRun:
+def run_model(
+    cfg: AttnConfig,
+    weights: Sequence[LayerWeights],
+    x_seq: torch.Tensor,
+    schedule: Sequence[tuple[int, int]],
+    policy: str = "upstream",
+) -> ModelRun:
     """Every layer of `cfg` over contiguous steps (start, end), layers in order per step.
 
     x_seq bf16 [b, T, dim] (the same input for every layer) or [L, b, T, dim] (one per layer).
@@ -361,14 +400,17 @@ def run_model(cfg: AttnConfig, weights: Sequence[LayerWeights], x_seq: torch.Ten
     n_layers = cfg.n_total_layers
     per_layer = x_seq if x_seq.dim() == 4 else x_seq.unsqueeze(0).expand(n_layers, -1, -1, -1)
     if per_layer.shape[0] != n_layers or len(weights) != n_layers:
-        raise ValueError(f"need inputs and weights for {n_layers} layers; got x_seq "
-                         f"{tuple(x_seq.shape)} and {len(weights)} weight sets")
+        raise ValueError(
+            f"need inputs and weights for {n_layers} layers; got x_seq "
+            f"{tuple(x_seq.shape)} and {len(weights)} weight sets"
+        )
     steps = [(int(s), int(e)) for s, e in schedule]
     prev = 0
     for s, e in steps:
         if s != prev or e <= s:
-            raise ValueError(f"schedule must be contiguous non-empty steps from 0; got "
-                             f"{steps} (step ({s}, {e}) after end {prev})")
+            raise ValueError(
+                f"schedule must be contiguous non-empty steps from 0; got {steps} (step ({s}, {e}) after end {prev})"
+            )
         prev = e
     if prev > per_layer.shape[2]:
         raise ValueError(f"schedule ends at {prev} but x_seq has {per_layer.shape[2]} tokens")
@@ -379,8 +421,9 @@ def run_model(cfg: AttnConfig, weights: Sequence[LayerWeights], x_seq: torch.Ten
     for s, e in steps:
         row = []
         for layer in range(n_layers):
-            res = attention_step(layer, cfg, weights[layer], states[layer], runtime,
-                                 per_layer[layer, :, s:e], s, policy)
+            res = attention_step(
+                layer, cfg, weights[layer], states[layer], runtime, per_layer[layer, :, s:e], s, policy
+            )
             states[layer], runtime = res.state, res.runtime
             row.append(res)
         results.append(row)

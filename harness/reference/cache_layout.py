@@ -20,7 +20,7 @@ of data and scales inside a row, and sharing consumers (which allocate nothing) 
 
 from __future__ import annotations
 
-FP8_SCALE_BLOCK = 32   # act_quant block (M:23-30 fp8_block_size)
+FP8_SCALE_BLOCK = 32  # act_quant block (M:23-30 fp8_block_size)
 FP4_MAIN_SCALE_BLOCK = 16  # compressed KV fp4 block, hard-coded at M:760
 FP4_INDEX_SCALE_BLOCK = 32  # indexer fp4 block (fp4_block_size)
 STATE_BYTES_PER_VALUE = 4  # fp32 score and latent

@@ -39,10 +39,7 @@ class CandidateSelection(NamedTuple):
 
 
 def select_candidate_blocks(
-    logits: torch.Tensor,
-    compress_lens: torch.Tensor | int,
-    topk_blocks: int,
-    block_size: int,
+    logits: torch.Tensor, compress_lens: torch.Tensor | int, topk_blocks: int, block_size: int
 ) -> CandidateSelection:
     """Keep the best `topk_blocks` blocks of `block_size` rows per query (M:583-610).
 
@@ -97,21 +94,16 @@ def compact_ids(logical: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """
     valid = logical >= 0
     safe = torch.where(valid, logical, 0).long()
-    if bool((safe >= mask.shape[-1]).any()) or bool(((logical < -1)).any()):
+    if bool((safe >= mask.shape[-1]).any()) or bool((logical < -1).any()):
         raise ValueError(f"compact_ids: logical rows must be -1 or in [0, {mask.shape[-1]})")
     if bool((valid & ~mask.gather(-1, safe)).any()):
-        raise ValueError(
-            "compact_ids: a logical row is not in the candidate set; only kept rows have compact offsets"
-        )
+        raise ValueError("compact_ids: a logical row is not in the candidate set; only kept rows have compact offsets")
     rank = mask.long().cumsum(-1) - 1  # [..., W]: compact offset of each kept row
     return torch.where(valid, rank.gather(-1, safe), -1)
 
 
 def restore_candidates(
-    compact: torch.Tensor,
-    kept: torch.Tensor,
-    block_size: int,
-    request_offset: int | torch.Tensor = 0,
+    compact: torch.Tensor, kept: torch.Tensor, block_size: int, request_offset: int | torch.Tensor = 0
 ) -> torch.Tensor:
     """Compact candidate offsets [..., K] -> logical rows + request_offset, -1 kept (seed A.4.2).
 

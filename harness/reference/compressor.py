@@ -268,7 +268,9 @@ def compressor_step(
     positions = torch.tensor([j * ratio for j in completed_groups(start, end, ratio)], dtype=torch.int64)
     if ratio == 1:
         if ring is not None and (_check_ring(ring, b, hd) or ring.shape[1] != 0):
-            raise ValueError(f"ratio 1 keeps no state: pass ring=None or a [b, 0, 2, hd] tensor, got {tuple(ring.shape)}")
+            raise ValueError(
+                f"ratio 1 keeps no state: pass ring=None or a [b, 0, 2, hd] tensor, got {tuple(ring.shape)}"
+            )
         if weights.wkv.dtype != torch.bfloat16:
             raise ValueError(f"ratio 1 wkv is a bf16 Linear (§3.1), got {weights.wkv.dtype}")
         return StepResult(_norm(linear_bf16(x_chunk, weights.wkv), weights), positions, new_ring(b, 0, hd))
@@ -417,9 +419,7 @@ def _ratio2_weights(weights: CompressorWeights) -> tuple[torch.Tensor, torch.Ten
 
 def _check_x(x: torch.Tensor, weights: CompressorWeights) -> None:
     if x.dtype != torch.bfloat16 or x.ndim != 3 or x.shape[2] != weights.dim:
-        raise ValueError(
-            f"compressor input must be bf16 [b, n, dim={weights.dim}], got {x.dtype} {tuple(x.shape)}"
-        )
+        raise ValueError(f"compressor input must be bf16 [b, n, dim={weights.dim}], got {x.dtype} {tuple(x.shape)}")
     if tuple(weights.norm_w.shape) != (weights.head_dim,):
         raise ValueError(f"norm_w must be [{weights.head_dim}], got {tuple(weights.norm_w.shape)}")
 

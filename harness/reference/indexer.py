@@ -95,12 +95,10 @@ def head_weight_multiplier(index_head_dim: int, index_n_heads: int) -> float:
 
     Production 128, 32 -> 0.015625000000000003 (2^-6 once fp32); tiny config A 64, 4 -> 2^-4.
     """
-    return index_head_dim ** -0.5 * index_n_heads ** -0.5
+    return index_head_dim**-0.5 * index_n_heads**-0.5
 
 
-def head_weights(
-    x: torch.Tensor, weights_proj: torch.Tensor, index_head_dim: int, index_n_heads: int
-) -> torch.Tensor:
+def head_weights(x: torch.Tensor, weights_proj: torch.Tensor, index_head_dim: int, index_n_heads: int) -> torch.Tensor:
     """w = linear_bf16(x, weights_proj) * multiplier, bf16 [b, S, H] (M:555).
 
     x bf16 [b, S, dim], weights_proj bf16 [H, dim]. The multiply is torch's bf16-tensor times
@@ -160,8 +158,9 @@ def exact_index_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> tup
         total = terms.sum(dim=2)
         exact[:, s0 : s0 + rows] = total
         half = lambda v: ulp_of(v, torch.bfloat16) / 2  # noqa: E731
-        bound[:, s0 : s0 + rows] = ((half(dots) * ww.abs()).masked_fill(dots == 0, 0.0) + half(terms).masked_fill(
-            terms == 0, 0.0)).sum(dim=2) + half(total)
+        bound[:, s0 : s0 + rows] = (
+            (half(dots) * ww.abs()).masked_fill(dots == 0, 0.0) + half(terms).masked_fill(terms == 0, 0.0)
+        ).sum(dim=2) + half(total)
     return exact, bound
 
 
@@ -181,8 +180,9 @@ def _check_score_operands(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> 
         )
 
 
-def _scores_and_terms(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor,
-                      with_terms: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _scores_and_terms(
+    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, with_terms: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The scores, and their term scales only when asked (the indexer and attention references
     score every chunk and need none)."""
     b, S, H, D = q.shape
@@ -204,14 +204,16 @@ def _scores_and_terms(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor,
             # What a correct dot product may differ by: one rounding step of s_h, or (for a dot
             # near zero by cancellation) its fp32 sum's error, a small fraction of sum_d |q k|.
             magnitude = torch.einsum("bshd,btd->bsht", q64.abs(), k64.abs())
-            scale = torch.maximum(s.double(), magnitude * 2.0 ** -8) * w[:, s0 : s0 + rows, :, None].double().abs()
+            scale = torch.maximum(s.double(), magnitude * 2.0**-8) * w[:, s0 : s0 + rows, :, None].double().abs()
             largest[:, s0 : s0 + rows] = scale.amax(dim=2).float()
         else:
             largest[:, s0 : s0 + rows] = 0.0
     return out, largest
 
 
-def indexer_query(qr: torch.Tensor, wq_b: torch.Tensor | Fp8Weight, heads: int, freqs: torch.Tensor, rope_dim: int) -> torch.Tensor:
+def indexer_query(
+    qr: torch.Tensor, wq_b: torch.Tensor | Fp8Weight, heads: int, freqs: torch.Tensor, rope_dim: int
+) -> torch.Tensor:
     """bf16 [b, S, H, D]: wq_b(qr) per head with RoPE on its last rope_dim channels, before the fp4
     QDQ (M:550-552). freqs: fp32 [S, rope_dim/2, 2], the rows of the tokens' positions."""
     return apply_rotary(project(qr, wq_b).unflatten(-1, (heads, -1)), freqs, rope_dim)
@@ -227,10 +229,7 @@ def query_compress_lens(start: int, seqlen: int, ratio: int) -> torch.Tensor:
 
 
 def select_topk(
-    scores: torch.Tensor,
-    compress_lens: torch.Tensor | int,
-    k_max: int,
-    offset: int | torch.Tensor = 0,
+    scores: torch.Tensor, compress_lens: torch.Tensor | int, k_max: int, offset: int | torch.Tensor = 0
 ) -> TopkSelection:
     """Top-k compressed rows per query (M:563-567, M:577-580).
 
@@ -271,8 +270,14 @@ def drop_masked(ids: torch.Tensor, candidates: torch.Tensor, offset: int) -> tor
     return torch.where(ordered == torch.iinfo(torch.int64).max, -1, ordered).to(ids.dtype)
 
 
-def select_with_leak(scores: torch.Tensor, candidates: torch.Tensor, compress_lens: torch.Tensor | int, k_max: int,
-                     offset: int, leak: str = "upstream") -> TopkSelection:
+def select_with_leak(
+    scores: torch.Tensor,
+    candidates: torch.Tensor,
+    compress_lens: torch.Tensor | int,
+    k_max: int,
+    offset: int,
+    leak: str = "upstream",
+) -> TopkSelection:
     """`select_topk` of the scores with non-candidates at -inf (a consumer's level-one mask; all True
     otherwise), and the §4.4 policy for masked rows a short pool still picks: `upstream` keeps
     them as valid ids (the leak), `drop` turns them into -1. scores bf16 [b, S, T]."""
@@ -291,8 +296,7 @@ def _lens_column(compress_lens: torch.Tensor | int, S: int) -> torch.Tensor:
     lens = torch.as_tensor(compress_lens)
     if lens.dtype.is_floating_point or tuple(lens.shape) not in ((S,), (S, 1)):
         raise ValueError(
-            f"compress_lens must be an int or an integer tensor [S] = [{S}], got "
-            f"{lens.dtype} {tuple(lens.shape)}"
+            f"compress_lens must be an int or an integer tensor [S] = [{S}], got {lens.dtype} {tuple(lens.shape)}"
         )
     return lens.to(torch.int64).reshape(S, 1)
 
@@ -348,9 +352,7 @@ def indexer_forward(
     if rope_table.shape[0] < start + S:
         raise ValueError(f"rope_table has {rope_table.shape[0]} rows; positions up to {start + S - 1} are needed")
     if candidates is not None and (candidates.dtype != torch.bool or tuple(candidates.shape) != (b, S, T)):
-        raise ValueError(
-            f"candidates must be bool [{b}, {S}, {T}], got {candidates.dtype} {tuple(candidates.shape)}"
-        )
+        raise ValueError(f"candidates must be bool [{b}, {S}, {T}], got {candidates.dtype} {tuple(candidates.shape)}")
 
     query = indexer_query(qr, weights.wq_b, H, rope_table[start : start + S], rope_dim)
     q = nx.fp4_qdq_e8m0(query, FP4_BLOCK).y

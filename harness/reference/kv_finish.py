@@ -30,7 +30,7 @@ from v41_conformance.reference import numerics as nx  # quantisers looked up at 
 from v41_conformance.reference.numerics import linear_bf16, pack_nibbles, rms_norm
 from v41_conformance.reference.rope import apply_rotary
 
-MAIN_BLOCK = 16   # M:760, e4m3 scales
+MAIN_BLOCK = 16  # M:760, e4m3 scales
 INDEX_BLOCK = 32  # fp4_block_size, e8m0 scales
 
 
@@ -125,8 +125,9 @@ def kv_finish(
         raise ValueError("give both wk and k_norm_w (index branch) or neither")
     if wk is None:
         return KvFinish(main, rope, main_packed, main_scales, None, None, None, None)
-    norm, index_rope, index_k, index_packed, index_scales = finish_index(latent, positions, wk, k_norm_w, table,
-                                                                         rope_dim, eps)
+    norm, index_rope, index_k, index_packed, index_scales = finish_index(
+        latent, positions, wk, k_norm_w, table, rope_dim, eps
+    )
     return KvFinish(main, rope, main_packed, main_scales, index_k, norm, index_packed, index_scales, index_rope)
 
 

@@ -106,9 +106,7 @@ def pow2_ceil(y: torch.Tensor) -> torch.Tensor:
     Example: pow2_ceil(torch.tensor([1.0, 1.0000001, 0.3])) -> tensor([1., 2., 0.5])
     """
     if y.dtype != torch.float32:
-        raise ValueError(
-            f"pow2_ceil takes fp32 input (the kernel's product), got {y.dtype}; cast with .float() first"
-        )
+        raise ValueError(f"pow2_ceil takes fp32 input (the kernel's product), got {y.dtype}; cast with .float() first")
     bad = ~((y >= _MIN_NORMAL_F32) & (y <= 2.0**127))
     if bool(bad.any()):
         first = y[bad].flatten()[0].item()
@@ -202,9 +200,7 @@ def _blocks(x: torch.Tensor, block: int, name: str) -> torch.Tensor:
     if x.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"{name} takes bf16 (or fp32) input, got {x.dtype}")
     if x.ndim == 0 or x.shape[-1] % block:
-        raise ValueError(
-            f"{name}: last dim must be a multiple of the block size {block}, got shape {tuple(x.shape)}"
-        )
+        raise ValueError(f"{name}: last dim must be a multiple of the block size {block}, got shape {tuple(x.shape)}")
     xf = x.float()
     if not bool(torch.isfinite(xf).all()):
         n_bad = int((~torch.isfinite(xf)).sum())

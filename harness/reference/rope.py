@@ -101,9 +101,7 @@ def table_rows(inv: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.cos(a64), torch.sin(a64)], dim=-1).float().contiguous()
 
 
-def apply_rotary(
-    x: torch.Tensor, table: torch.Tensor, rope_dim: int, inverse: bool = False
-) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, table: torch.Tensor, rope_dim: int, inverse: bool = False) -> torch.Tensor:
     """Rotate the LAST `rope_dim` channels of `x` by the table rows; returns a new tensor.
 
     x: [S, D], [B, S, D] or [B, S, H, D] (as upstream, the token axis is 1 for 3-D and 4-D

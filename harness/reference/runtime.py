@@ -61,8 +61,9 @@ class SharedRuntime:
         """New runtime with the given slots replaced and attributed to `layer`."""
         unknown = set(slots) - {"compress_kv", "index_k", "topk_idxs", "candidates"}
         if unknown:
-            raise ValueError(f"unknown shared slots {sorted(unknown)}; the slots are "
-                             "compress_kv, index_k, topk_idxs, candidates")
+            raise ValueError(
+                f"unknown shared slots {sorted(unknown)}; the slots are compress_kv, index_k, topk_idxs, candidates"
+            )
         changes = dict(slots)
         changes.update({f"{name}_from": layer for name in slots})
         return dataclasses.replace(self, **changes)
@@ -71,8 +72,10 @@ class SharedRuntime:
         """The slot's tensor; raises when nothing was published before `layer` reads it."""
         value = getattr(self, slot)
         if value is None:
-            raise ValueError(f"layer {layer} reads shared slot {slot!r} but no layer has "
-                             "published it yet; run its source layer first")
+            raise ValueError(
+                f"layer {layer} reads shared slot {slot!r} but no layer has "
+                "published it yet; run its source layer first"
+            )
         return value
 
 

@@ -228,9 +228,7 @@ def _sort_heap(K: list, I: list, first: int, last: int) -> None:
         _adjust_heap(K, I, first, 0, last - first, v, vi)
 
 
-def _introselect_loop(
-    K: list, I: list, first: int, nth: int, last: int, depth: int, stats: TopkStats
-) -> None:
+def _introselect_loop(K: list, I: list, first: int, nth: int, last: int, depth: int, stats: TopkStats) -> None:
     """__introselect's loop with `depth` partitions left, insertion sort below 4 elements."""
     while last - first > _SELECT_THRESHOLD:
         if depth == 0:
@@ -484,8 +482,7 @@ def _introselect_np(K: np.ndarray, I: np.ndarray, nth: int, stats: TopkStats) ->
 
 
 def _introsort_loop_np(
-    K: np.ndarray, I: np.ndarray, first: int, last: int, depth: int, stats: TopkStats,
-    short: list[tuple[int, int, int]],
+    K: np.ndarray, I: np.ndarray, first: int, last: int, depth: int, stats: TopkStats, short: list[tuple[int, int, int]]
 ) -> None:
     """`_introsort_loop`; ranges of at most `_NUMPY_MIN_RANGE` go to ``short`` as (first, last,
     depth) for the list code (ranges are disjoint, so the order they are finished in is free)."""
@@ -548,9 +545,7 @@ def _distinct_order(keys: np.ndarray) -> np.ndarray | None:
     return None if (ordered[1:] == ordered[:-1]).any() else order
 
 
-def _sort_np(
-    K: np.ndarray, I: np.ndarray, last: int, stats: TopkStats, shortcut: bool, key_of: np.ndarray
-) -> None:
+def _sort_np(K: np.ndarray, I: np.ndarray, last: int, stats: TopkStats, shortcut: bool, key_of: np.ndarray) -> None:
     """`_sort` of K[:last]; key_of[j] is logical index j's key.
 
     __final_insertion_sort is a stable sort here: its unguarded inserts never run past the
@@ -611,9 +606,7 @@ def _order_from_array(K: np.ndarray, k: int, sorted: bool, stats: TopkStats | No
     return I[:k].copy()
 
 
-def order_from_keys(
-    keys: list | np.ndarray, k: int, sorted: bool = True, stats: TopkStats | None = None
-) -> list[int]:
+def order_from_keys(keys: list | np.ndarray, k: int, sorted: bool = True, stats: TopkStats | None = None) -> list[int]:
     """Logical indices of the first k queue slots after torch's CPU kernel, for one row.
 
     keys[j] is row element j mapped so that ``keys[x] < keys[y]`` is the kernel's comparator
@@ -723,10 +716,7 @@ def emulate_topk(
         # The queue holds float, and the kernel's float->bf16 store writes NaN as 0x7FC0.
         out_vals = out_vals.masked_fill(out_vals.isnan(), _BF16_CANONICAL_NAN)
     shape = (*lead, k)
-    return (
-        out_vals.reshape(shape).movedim(-1, dim).contiguous(),
-        idx.reshape(shape).movedim(-1, dim).contiguous(),
-    )
+    return (out_vals.reshape(shape).movedim(-1, dim).contiguous(), idx.reshape(shape).movedim(-1, dim).contiguous())
 
 
 def topk_mode() -> str:

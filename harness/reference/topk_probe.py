@@ -22,9 +22,7 @@ import torch
 
 __all__ = ["PROBED_DTYPES", "probe_rows", "probe_topk"]
 
-PROBED_DTYPES = frozenset(
-    {torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int32, torch.int64}
-)
+PROBED_DTYPES = frozenset({torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int32, torch.int64})
 _FLOAT_POOL = (float("-inf"), float("inf"), float("nan"), 0.0, -0.0, 1.0, -2.0, 3.0)
 # (n, k): partial_sort (10*64 <= 640); nth_element with a std::sort of 279 slots, long enough
 # for the array path's numpy partitions; nth_element with a sort of 148, all in the list code.

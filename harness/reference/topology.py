@@ -40,15 +40,14 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class TopologyVerdict:
     accepted: bool
-    message: str    # "ok: ..." or every violation, "; "-separated
+    message: str  # "ok: ..." or every violation, "; "-separated
 
 
 def _check_map(name: str, src: list[int], n: int) -> list[str]:
     """Rules 1-3 (and entry range) for one map."""
     out = []
     if len(src) != n:
-        return [f"{name} map has {len(src)} entries but main-KV map has {n}; give one entry "
-                "per layer"]
+        return [f"{name} map has {len(src)} entries but main-KV map has {n}; give one entry per layer"]
     for l, s in enumerate(src):
         if not isinstance(s, int) or s < -1 or s >= n:
             out.append(f"layer {l}: {name} source {s!r} is not -1 or a layer in [0, {n})")
@@ -58,23 +57,24 @@ def _check_map(name: str, src: list[int], n: int) -> list[str]:
         if s < 0:
             continue
         if s > l:
-            out.append(f"layer {l}: {name} source {s} runs after layer {l}; a source must "
-                       "precede or equal its reader")
+            out.append(f"layer {l}: {name} source {s} runs after layer {l}; a source must precede or equal its reader")
             continue
         if src[s] != s:
-            out.append(f"layer {l}: {name} source {s} is not its own {name} source "
-                       f"({name} source of layer {s} is {src[s]})")
+            out.append(
+                f"layer {l}: {name} source {s} is not its own {name} source ({name} source of layer {s} is {src[s]})"
+            )
             continue
         between = [t for t in range(s + 1, l) if src[t] == t]
         if between:
-            out.append(f"layer {l}: {name} source {s} is shadowed by layer {between[-1]}, "
-                       f"which publishes its own {name} in between; the shared slot holds "
-                       "only the latest publication")
+            out.append(
+                f"layer {l}: {name} source {s} is shadowed by layer {between[-1]}, "
+                f"which publishes its own {name} in between; the shared slot holds "
+                "only the latest publication"
+            )
     return out
 
 
-def _check_refines(fine_name: str, fine: list[int], coarse_name: str,
-                   coarse: list[int]) -> list[str]:
+def _check_refines(fine_name: str, fine: list[int], coarse_name: str, coarse: list[int]) -> list[str]:
     """Rules 4-5: coarse[fine[l]] == coarse[l] for every layer the fine map covers."""
     out = []
     for l, s in enumerate(fine):
@@ -83,13 +83,16 @@ def _check_refines(fine_name: str, fine: list[int], coarse_name: str,
         if coarse[l] < 0:
             out.append(f"layer {l}: has {fine_name} source {s} but no {coarse_name} source")
         elif coarse[s] != coarse[l]:
-            out.append(f"layer {l}: {fine_name} source {s} lies in {coarse_name} segment "
-                       f"{coarse[s]} but layer {l}'s {coarse_name} source is {coarse[l]}")
+            out.append(
+                f"layer {l}: {fine_name} source {s} lies in {coarse_name} segment "
+                f"{coarse[s]} but layer {l}'s {coarse_name} source is {coarse[l]}"
+            )
     return out
 
 
-def validate_topology(main_kv: list[int], index_k: list[int], index: list[int],
-                      candidate: list[int] | None = None) -> TopologyVerdict:
+def validate_topology(
+    main_kv: list[int], index_k: list[int], index: list[int], candidate: list[int] | None = None
+) -> TopologyVerdict:
     """Accept or reject a sharing topology; the message names every violating layer.
 
     >>> validate_topology([0, 0, 0, 0], [0, 0, 2, 2], [0, 1, 2, 3]).accepted
@@ -101,7 +104,7 @@ def validate_topology(main_kv: list[int], index_k: list[int], index: list[int],
     problems += _check_map("index", list(index), n)
     if candidate is not None:
         problems += _check_map("candidate", list(candidate), n)
-    if problems:   # refinement needs well-formed maps
+    if problems:  # refinement needs well-formed maps
         return TopologyVerdict(False, "; ".join(problems))
     problems += _check_refines("index-K", index_k, "main-KV", main_kv)
     problems += _check_refines("index", index, "index-K", index_k)
@@ -110,15 +113,19 @@ def validate_topology(main_kv: list[int], index_k: list[int], index: list[int],
             if c < 0:
                 continue
             if index[l] != l:
-                problems.append(f"layer {l}: takes part in candidates (source {c}) but has no "
-                                f"indexer of its own (index source {index[l]})")
+                problems.append(
+                    f"layer {l}: takes part in candidates (source {c}) but has no "
+                    f"indexer of its own (index source {index[l]})"
+                )
             if index[c] != c:
-                problems.append(f"layer {l}: candidate source {c} has no indexer of its own "
-                                f"(index source {index[c]})")
+                problems.append(f"layer {l}: candidate source {c} has no indexer of its own (index source {index[c]})")
         problems += _check_refines("candidate", candidate, "index-K", index_k)
     if problems:
         return TopologyVerdict(False, "; ".join(problems))
     n_seg = len({s for s in main_kv if s >= 0})
-    return TopologyVerdict(True, f"ok: {n} layers, {n_seg} main-KV segment(s), "
-                                 f"{len({s for s in index_k if s >= 0})} index-K, "
-                                 f"{len({s for s in index if s >= 0})} index")
+    return TopologyVerdict(
+        True,
+        f"ok: {n} layers, {n_seg} main-KV segment(s), "
+        f"{len({s for s in index_k if s >= 0})} index-K, "
+        f"{len({s for s in index if s >= 0})} index",
+    )

@@ -43,8 +43,7 @@ def window_ids_decode(start_pos: int, win: int) -> torch.Tensor:
     Upstream takes this branch for start_pos > 0 (at 0 the prefill rows apply).
     Example: window_ids_decode(2, 4) -> [[-1, 0, 1, 2]]; window_ids_decode(5, 4) -> [[2, 3, 0, 1]].
     """
-    _check(start_pos >= 0 and win > 0,
-           f"window_ids_decode needs start_pos >= 0 and win > 0, got {start_pos}, {win}")
+    _check(start_pos >= 0 and win > 0, f"window_ids_decode needs start_pos >= 0 and win > 0, got {start_pos}, {win}")
     oldest = start_pos % win + 1
     ids = torch.cat([torch.arange(oldest, win), torch.arange(oldest)])  # [win]
     return torch.where(ids > start_pos, -1, ids).to(torch.int32).unsqueeze(0)
@@ -57,8 +56,10 @@ def window_ids_chunk(start: int, seqlen: int, win: int, ring_size: int | None = 
     Example: window_ids_chunk(5, 2, 4) (ring 5) -> [[2, 3, 4, 0], [3, 4, 0, 1]].
     """
     ring = win + seqlen - 1 if ring_size is None else ring_size
-    _check(start >= 0 and seqlen >= 1 and win > 0,
-           f"window_ids_chunk needs start >= 0, seqlen >= 1, win > 0; got {start}, {seqlen}, {win}")
+    _check(
+        start >= 0 and seqlen >= 1 and win > 0,
+        f"window_ids_chunk needs start >= 0, seqlen >= 1, win > 0; got {start}, {seqlen}, {win}",
+    )
     _check(ring >= win, f"ring_size {ring} must be >= win {win}: the ring has to hold a whole window")
     pos = start + torch.arange(seqlen).unsqueeze(1) - win + 1 + torch.arange(win)  # [S, win]
     held = (pos >= 0) & (pos >= start + seqlen - ring)

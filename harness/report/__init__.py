@@ -19,8 +19,12 @@ def write_reports(doc: dict, report_dir: Path) -> None:
 
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in (("results.json", json.dumps(doc, indent=1) + "\n"), ("summary.md", render_summary(doc)),
-                       ("junit.xml", render_junit(doc)), ("report.html", render_html(doc))):
+    for name, text in (
+        ("results.json", json.dumps(doc, indent=1) + "\n"),
+        ("summary.md", render_summary(doc)),
+        ("junit.xml", render_junit(doc)),
+        ("report.html", render_html(doc)),
+    ):
         write_atomic(report_dir / name, text.encode("utf-8"))
 
 
@@ -31,16 +35,25 @@ def read_results(where: Path) -> dict:
     where = Path(where)
     path = where if where.suffix == ".json" or where.is_file() else where / "results.json"
     if not path.exists():
-        hint = "" if path.name != "results.json" or where.suffix == ".json" else \
-            f": run `conformance run --report-dir {where}` first"
+        hint = (
+            ""
+            if path.name != "results.json" or where.suffix == ".json"
+            else f": run `conformance run --report-dir {where}` first"
+        )
         raise UsageError(f"{path} not found{hint}")
     try:
         doc = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("cases"), list) or not isinstance(doc.get("components"), dict):
-        raise UsageError(f"{path}: not a conformance results document (no 'cases' list or 'components' table); "
-                         "give a report dir written by `conformance run` or its results.json")
+    if (
+        not isinstance(doc, dict)
+        or not isinstance(doc.get("cases"), list)
+        or not isinstance(doc.get("components"), dict)
+    ):
+        raise UsageError(
+            f"{path}: not a conformance results document (no 'cases' list or 'components' table); "
+            "give a report dir written by `conformance run` or its results.json"
+        )
     for i, case in enumerate(doc["cases"]):
         if not isinstance(case, dict) or not all(isinstance(case.get(k), str) for k in ("id", "component", "status")):
             raise UsageError(f"{path}: cases[{i}] lacks an id, component or status; the file is damaged")

@@ -7,15 +7,25 @@ from html import escape
 from ..diff import KINDS, component_moves, headroom_line
 from .text import clean
 
-TITLES = {"regressed": "regressed", "fixed": "fixed", "golden_changed": "golden changed", "new": "new",
-          "gone": "gone", "still_failing": "still failing", "unjudged": "not judged now"}
+TITLES = {
+    "regressed": "regressed",
+    "fixed": "fixed",
+    "golden_changed": "golden changed",
+    "new": "new",
+    "gone": "gone",
+    "still_failing": "still failing",
+    "unjudged": "not judged now",
+}
 SHOWN = 20  # cases listed per kind; the JSON keeps them all
 
 
 def headline(diff: dict, arrow: str = "->") -> str:
     counts = ", ".join(f"{len(diff[k])} {TITLES[k]}" for k in KINDS)
-    extra = f"; components below their floor now: {', '.join(diff['component_regressions'])}" \
-        if diff["component_regressions"] else ""
+    extra = (
+        f"; components below their floor now: {', '.join(diff['component_regressions'])}"
+        if diff["component_regressions"]
+        else ""
+    )
     return f"{_side(diff['runs']['base'])} {arrow} {_side(diff['runs']['new'])}: {counts}{extra}"
 
 
@@ -37,8 +47,10 @@ def store_note(diff: dict) -> str:
 def render_diff_text(diff: dict) -> str:
     lines = [headline(diff)] + ([f"WARNING: {store_note(diff)}"] if store_note(diff) else [])
     head = ["component", *(TITLES[k] for k in KINDS), "verdict"]
-    rows = [[name, *(str(c[k] or ".") for k in KINDS), _status({"before": c["verdict"][0], "after": c["verdict"][1]})]
-            for name, c in diff["components"].items()]
+    rows = [
+        [name, *(str(c[k] or ".") for k in KINDS), _status({"before": c["verdict"][0], "after": c["verdict"][1]})]
+        for name, c in diff["components"].items()
+    ]
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)))
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
@@ -49,7 +61,9 @@ def render_diff_text(diff: dict) -> str:
         lines.append("")
         lines.append(f"{TITLES[kind].upper()} ({len(diff[kind])}{', by component: ' + rest if rest else ''}):")
         for entry in listed:
-            lines.append(f"  {entry['id']}: {_status(entry)}" + (f"  ({_golden(entry)})" if entry.get("golden") else ""))
+            lines.append(
+                f"  {entry['id']}: {_status(entry)}" + (f"  ({_golden(entry)})" if entry.get("golden") else "")
+            )
             if entry.get("why"):
                 lines.append(f"      {clean(entry['why'], 300)}")
         if listed and len(diff[kind]) > len(listed):
@@ -90,15 +104,23 @@ def render_diff_markdown(diff: dict, shown: int = SHOWN) -> str:
     lines = ["### Changes since the baseline", "", _md(headline(diff, ARROW), 2000), ""]
     if store_note(diff):
         lines += [f"> **Warning:** {_md(store_note(diff), 1000)}", ""]
-    rows = [(n, c) for n, c in diff["components"].items() if any(c[k] for k in KINDS if k != "still_failing")
-            or component_moves(c) or c["verdict"][0] != c["verdict"][1]]
+    rows = [
+        (n, c)
+        for n, c in diff["components"].items()
+        if any(c[k] for k in KINDS if k != "still_failing") or component_moves(c) or c["verdict"][0] != c["verdict"][1]
+    ]
     if rows:
-        lines += ["| component | " + " | ".join(TITLES[k] for k in KINDS) + " | verdict | headroom |",
-                  "|---|" + "---:|" * len(KINDS) + "---|---|"]
+        lines += [
+            "| component | " + " | ".join(TITLES[k] for k in KINDS) + " | verdict | headroom |",
+            "|---|" + "---:|" * len(KINDS) + "---|---|",
+        ]
         for name, c in rows:
             moves = "; ".join(headroom_line(m, ARROW) for m in component_moves(c)[:4])
-            lines.append(f"| `{name}` | " + " | ".join(str(c[k] or "·") for k in KINDS)
-                         + f" | {_status({'before': c['verdict'][0], 'after': c['verdict'][1]}, ARROW)} | {_md(moves)} |")
+            lines.append(
+                f"| `{name}` | "
+                + " | ".join(str(c[k] or "·") for k in KINDS)
+                + f" | {_status({'before': c['verdict'][0], 'after': c['verdict'][1]}, ARROW)} | {_md(moves)} |"
+            )
         lines.append("")
     for kind in ("regressed", "golden_changed", "fixed", "new", "gone"):
         entries = diff[kind]
@@ -116,22 +138,36 @@ def render_diff_markdown(diff: dict, shown: int = SHOWN) -> str:
 
 
 def render_diff_html(diff: dict) -> str:
-    out = ["<section id='changes'><h2>Changes since the baseline</h2>", f"<p>{escape(clean(headline(diff, ARROW)))}</p>",
-           *([f"<p class='warning'><b>Warning:</b> {escape(store_note(diff))}</p>"] if store_note(diff) else []),
-           "<table><tr><th>component</th>" + "".join(f"<th>{TITLES[k]}</th>" for k in KINDS)
-           + "<th>verdict</th><th>headroom (fraction of the bound used)</th></tr>"]
+    out = [
+        "<section id='changes'><h2>Changes since the baseline</h2>",
+        f"<p>{escape(clean(headline(diff, ARROW)))}</p>",
+        *([f"<p class='warning'><b>Warning:</b> {escape(store_note(diff))}</p>"] if store_note(diff) else []),
+        "<table><tr><th>component</th>"
+        + "".join(f"<th>{TITLES[k]}</th>" for k in KINDS)
+        + "<th>verdict</th><th>headroom (fraction of the bound used)</th></tr>",
+    ]
     for name, c in diff["components"].items():
         cells = "".join(f"<td class='{'zero' if not c[k] else k}'>{c[k] or '·'}</td>" for k in KINDS)
         moves = "<br>".join(escape(headroom_line(m, ARROW)) for m in component_moves(c))
-        out.append(f"<tr><td>{escape(name)}</td>{cells}<td>{escape(_status({'before': c['verdict'][0], 'after': c['verdict'][1]}, ARROW))}"
-                   f"</td><td style='text-align:left'>{moves}</td></tr>")
+        out.append(
+            f"<tr><td>{escape(name)}</td>{cells}<td>{escape(_status({'before': c['verdict'][0], 'after': c['verdict'][1]}, ARROW))}"
+            f"</td><td style='text-align:left'>{moves}</td></tr>"
+        )
     out.append("</table>")
     for kind in ("regressed", "golden_changed", "fixed", "new", "gone", "unjudged"):
         if diff[kind]:
             listed, rest = listing(kind, diff[kind], 200)
-            items = "".join(f"<li><code>{escape(e['id'])}</code> {escape(_status(e, ARROW))}"
-                            + (f": {escape(clean(e['why'], 400))}" if e.get("why") else "") + "</li>" for e in listed)
-            more = f"<li>… and {len(diff[kind]) - len(listed)} more</li>" if listed and len(diff[kind]) > len(listed) else ""
+            items = "".join(
+                f"<li><code>{escape(e['id'])}</code> {escape(_status(e, ARROW))}"
+                + (f": {escape(clean(e['why'], 400))}" if e.get("why") else "")
+                + "</li>"
+                for e in listed
+            )
+            more = (
+                f"<li>… and {len(diff[kind]) - len(listed)} more</li>"
+                if listed and len(diff[kind]) > len(listed)
+                else ""
+            )
             by = f", by component: {escape(rest)}" if rest else ""
             out.append(f"<h3>{TITLES[kind]} ({len(diff[kind])}{by})</h3><ul>{items}{more}</ul>")
     out.append("</section>")

@@ -23,38 +23,63 @@ td:first-child,th:first-child{text-align:left}.pass{color:#060}.fail,.error,.cra
 details{margin:4px 0}section{margin-top:2em}td.zero{color:#bbb}svg{display:block;margin:6px 0}
 .pictures{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}"""
 HISTOGRAMS = 6  # per case; the rest are named
-ORDER = {"fail": 0, "error": 0, "crash": 0, "timeout": 0, "xpass": 0, "xfail": 1, "partial": 1, "not_run": 2, "unsupported": 2,
-         "pass": 3}
+ORDER = {
+    "fail": 0,
+    "error": 0,
+    "crash": 0,
+    "timeout": 0,
+    "xpass": 0,
+    "xfail": 1,
+    "partial": 1,
+    "not_run": 2,
+    "unsupported": 2,
+    "pass": 3,
+}
 
 
 def render_html(doc: dict) -> str:
     word = verdict(doc)
     css = "pass" if word == "PASS" else "fail"
-    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>Conformance {escape(doc['impl'])}</title>",
-           f"<style>{STYLE}</style></head><body>",
-           f"<h1>Conformance of <code>{escape(doc['impl'])}</code>: <span class='{css}'>{word}</span></h1>",
-           f"<p>device {escape(doc['device'])} · torch {escape(doc['versions']['torch'])} · harness "
-           f"{escape(doc['versions']['harness'])} · {len(doc['cases'])} cases · {doc['duration_s']} s</p>"]
+    out = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>Conformance {escape(doc['impl'])}</title>",
+        f"<style>{STYLE}</style></head><body>",
+        f"<h1>Conformance of <code>{escape(doc['impl'])}</code>: <span class='{css}'>{word}</span></h1>",
+        f"<p>device {escape(doc['device'])} · torch {escape(doc['versions']['torch'])} · harness "
+        f"{escape(doc['versions']['harness'])} · {len(doc['cases'])} cases · {doc['duration_s']} s</p>",
+    ]
     for problem in doc.get("problems", []):
         out.append(f"<p class='fail'>Problem: {escape(clean(problem))}</p>")
     if doc.get("stopped"):
         out.append(f"<p class='fail'>Stopped: {escape(doc['stopped'])}; {doc.get('not_run', 0)} case(s) not run</p>")
     changed = override_lines(doc)
     if changed:
-        out.append(f"<p>configuration changes {len(changed)} packaged default(s):</p><ul class='overrides'>"
-                   + "".join(f"<li><code>{escape(clean(line))}</code></li>" for line in changed) + "</ul>")
+        out.append(
+            f"<p>configuration changes {len(changed)} packaged default(s):</p><ul class='overrides'>"
+            + "".join(f"<li><code>{escape(clean(line))}</code></li>" for line in changed)
+            + "</ul>"
+        )
     if doc.get("merged_from"):
-        parts = ", ".join(f"{escape(str(p['from']))}" + (f" (shard {p['shard'][0]}/{p['shard'][1]})" if p.get("shard") else "")
-                          for p in doc["merged_from"])
+        parts = ", ".join(
+            f"{escape(str(p['from']))}" + (f" (shard {p['shard'][0]}/{p['shard'][1]})" if p.get("shard") else "")
+            for p in doc["merged_from"]
+        )
         floors = "case floors enforced on the union" if doc.get("floors_enforced") else "case floors not enforced"
         out.append(f"<p>merged from {len(doc['merged_from'])} part(s): {parts}; {floors}</p>")
-    out.append("<table><tr><th>component</th><th>verdict</th><th>cases</th>" + "".join(f"<th>{c}</th>" for c in COLUMNS)
-               + "".join(f"<th>{d.label}</th>" for d in DIFFERENCES) + "</tr>")
+    out.append(
+        "<table><tr><th>component</th><th>verdict</th><th>cases</th>"
+        + "".join(f"<th>{c}</th>" for c in COLUMNS)
+        + "".join(f"<th>{d.label}</th>" for d in DIFFERENCES)
+        + "</tr>"
+    )
     comps = sorted(doc["components"].items(), key=lambda kv: (kv[1]["verdict"] != "fail", kv[0]))
     for name, e in comps:
-        out.append(f"<tr><td><a href='#{escape(name)}'>{escape(name)}</a></td><td class='{e['verdict']}'>{e['verdict']}</td>"
-                   f"<td>{e['cases']}</td>" + "".join(_count(e.get(c, 0)) for c in COLUMNS)
-                   + "".join(_count(e.get(d.count, 0)) for d in DIFFERENCES) + "</tr>")
+        out.append(
+            f"<tr><td><a href='#{escape(name)}'>{escape(name)}</a></td><td class='{e['verdict']}'>{e['verdict']}</td>"
+            f"<td>{e['cases']}</td>"
+            + "".join(_count(e.get(c, 0)) for c in COLUMNS)
+            + "".join(_count(e.get(d.count, 0)) for d in DIFFERENCES)
+            + "</tr>"
+        )
     out.append("</table>")
     if doc.get("fuzz"):
         from .fuzzing import render_fuzz_html
@@ -76,7 +101,9 @@ def render_html(doc: dict) -> str:
         for case in cases:
             status = case["status"]
             open_attr = " open" if ORDER.get(status, 0) == 0 else ""
-            out.append(f"<details{open_attr}><summary><span class='{status}'>{status}</span> {escape(case['id'])}</summary>")
+            out.append(
+                f"<details{open_attr}><summary><span class='{status}'>{status}</span> {escape(case['id'])}</summary>"
+            )
             if case.get("params"):
                 shown = ", ".join(f"{k}={v}" for k, v in case["params"].items())
                 out.append(f"<p>params: <code>{escape(shown[:600])}</code></p>")
@@ -85,8 +112,10 @@ def render_html(doc: dict) -> str:
                 out.append(_message(case["message"]))
             for d in DIFFERENCES:
                 if case.get(d.example) and case["status"] == "pass":
-                    out.append(f"<p>{case.get(d.count, 0)} {escape(d.what)} (accepted):</p>"
-                               f"<pre>{escape(clean(case[d.example], PRE_CHARS))}</pre>")
+                    out.append(
+                        f"<p>{case.get(d.count, 0)} {escape(d.what)} (accepted):</p>"
+                        f"<pre>{escape(clean(case[d.example], PRE_CHARS))}</pre>"
+                    )
             if case.get("output") and case["status"] not in ("crash", "error", "fail", "timeout"):
                 out.append(f"<p>the implementation printed (tail):</p><pre>{escape(clean(case['output']))}</pre>")
             if case.get("expectation"):
@@ -94,12 +123,19 @@ def render_html(doc: dict) -> str:
             if case.get("outputs"):
                 out.append("<table><tr><th>output</th><th>ok</th><th>policy</th><th>metrics</th></tr>")
                 for out_name, m in case["outputs"].items():
-                    metrics = ", ".join(f"{k}={_num(v)}" for k, v in m.items()
-                                        if k not in ("ok", "policy", "note") and isinstance(v, (int, float, str)))
-                    out.append(f"<tr><td>{escape(out_name)}</td><td>{_verdict(m.get('ok'))}</td>"
-                               f"<td>{escape(str(m.get('policy', '')))}</td><td>{escape(metrics)}</td></tr>")
+                    metrics = ", ".join(
+                        f"{k}={_num(v)}"
+                        for k, v in m.items()
+                        if k not in ("ok", "policy", "note") and isinstance(v, (int, float, str))
+                    )
+                    out.append(
+                        f"<tr><td>{escape(out_name)}</td><td>{_verdict(m.get('ok'))}</td>"
+                        f"<td>{escape(str(m.get('policy', '')))}</td><td>{escape(metrics)}</td></tr>"
+                    )
                     if m.get("note"):
-                        out.append(f"<tr><td></td><td colspan='3'><pre>{escape(clean(m['note'], PRE_CHARS))}</pre></td></tr>")
+                        out.append(
+                            f"<tr><td></td><td colspan='3'><pre>{escape(clean(m['note'], PRE_CHARS))}</pre></td></tr>"
+                        )
                 out.append("</table>")
             if case.get("repro"):
                 out.append(f"<p>re-run: <code>{escape(case['repro'])}</code></p>")
@@ -116,8 +152,10 @@ def _message(message: str, open_lines: int = 40) -> str:
     if len(lines) <= open_lines:
         return f"<pre>{escape(text)}</pre>"
     head = "\n".join(failing_lines({"status": "fail", "message": message}, most=6))
-    return (f"<pre>{escape(head)}</pre><details><summary>the whole message ({len(lines)} lines)</summary>"
-            f"<pre>{escape(text)}</pre></details>")
+    return (
+        f"<pre>{escape(head)}</pre><details><summary>the whole message ({len(lines)} lines)</summary>"
+        f"<pre>{escape(text)}</pre></details>"
+    )
 
 
 def _count(value: int) -> str:
@@ -141,8 +179,11 @@ def _case_pictures(case: dict) -> list[str]:
     shown = [p for p in pictures if p]
     if not shown:
         return []
-    more = f"<p>and {len(failing) - HISTOGRAMS} more failing output(s) with histograms in results.json</p>" \
-        if len(failing) > HISTOGRAMS else ""
+    more = (
+        f"<p>and {len(failing) - HISTOGRAMS} more failing output(s) with histograms in results.json</p>"
+        if len(failing) > HISTOGRAMS
+        else ""
+    )
     return [f"<div class='pictures'>{''.join(shown)}</div>{more}"]
 
 

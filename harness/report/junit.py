@@ -17,18 +17,30 @@ def render_junit(doc: dict) -> str:
     for case in doc["cases"]:
         by_component.setdefault(case["component"], []).append(case)
     for name, cases in by_component.items():
-        suite = ET.SubElement(root, "testsuite", name=name, tests=str(len(cases)),
-                              failures=str(sum(c["status"] in ("fail", "xpass") for c in cases)),
-                              errors=str(sum(c["status"] in ("error", "crash", "timeout") for c in cases)),
-                              skipped=str(sum(c["status"] in ("unsupported", "xfail", "not_run") for c in cases)))
+        suite = ET.SubElement(
+            root,
+            "testsuite",
+            name=name,
+            tests=str(len(cases)),
+            failures=str(sum(c["status"] in ("fail", "xpass") for c in cases)),
+            errors=str(sum(c["status"] in ("error", "crash", "timeout") for c in cases)),
+            skipped=str(sum(c["status"] in ("unsupported", "xfail", "not_run") for c in cases)),
+        )
         props = ET.SubElement(suite, "properties")
-        run = [("impl", doc["impl"]), ("device", doc["device"]), ("torch", doc["versions"]["torch"]), ("verdict", verdict(doc))]
+        run = [
+            ("impl", doc["impl"]),
+            ("device", doc["device"]),
+            ("torch", doc["versions"]["torch"]),
+            ("verdict", verdict(doc)),
+        ]
         run += [("stopped", f"{doc['stopped']}; {doc.get('not_run', 0)} case(s) not run")] if doc.get("stopped") else []
         run += [("override", line) for line in override_lines(doc)]
         for key, value in run:
             ET.SubElement(props, "property", name=key, value=clean(str(value)))
         for case in cases:
-            tc = ET.SubElement(suite, "testcase", classname=name, name=case["id"], time=f"{case.get('duration_s') or 0:.4f}")
+            tc = ET.SubElement(
+                suite, "testcase", classname=name, name=case["id"], time=f"{case.get('duration_s') or 0:.4f}"
+            )
             status = case["status"]
             if status in KIND:
                 el = ET.SubElement(tc, KIND[status], message=f"{status}: {clean(case.get('message') or '', 200)}")

@@ -16,9 +16,13 @@ def _cell(text: str, limit: int = 300) -> str:
 
 
 def render_summary(doc: dict) -> str:
-    lines = [f"## Conformance: `{_cell(doc['impl'])}` — {verdict(doc)}", "",
-             f"device `{doc['device']}` · torch {doc['versions']['torch']} · harness {doc['versions']['harness']} · "
-             f"{len(doc['cases'])} case(s) in {doc['duration_s']} s", ""]
+    lines = [
+        f"## Conformance: `{_cell(doc['impl'])}` — {verdict(doc)}",
+        "",
+        f"device `{doc['device']}` · torch {doc['versions']['torch']} · harness {doc['versions']['harness']} · "
+        f"{len(doc['cases'])} case(s) in {doc['duration_s']} s",
+        "",
+    ]
     if children_line(doc):
         lines += [_cell(children_line(doc)), ""]
     if doc.get("stopped"):
@@ -27,13 +31,17 @@ def render_summary(doc: dict) -> str:
     if changed:
         lines += [f"configuration changes {len(changed)} packaged default(s):", ""]
         lines += [f"- `{_cell(line)}`" for line in changed] + [""]
-    lines += ["| component | verdict | cases | " + " | ".join(COLUMNS + tuple(d.label for d in DIFFERENCES)) + " |",
-              "|---|---|---:|" + "---:|" * (len(COLUMNS) + len(DIFFERENCES))]
+    lines += [
+        "| component | verdict | cases | " + " | ".join(COLUMNS + tuple(d.label for d in DIFFERENCES)) + " |",
+        "|---|---|---:|" + "---:|" * (len(COLUMNS) + len(DIFFERENCES)),
+    ]
     for name, e in doc["components"].items():
         cells = [str(e.get(c) or "·") for c in COLUMNS] + [str(e.get(d.count) or "·") for d in DIFFERENCES]
         lines.append(f"| `{name}` | {e['verdict']} | {e['cases']} | " + " | ".join(cells) + " |")
     if doc.get("merged_from"):
-        floors = "enforced on the union" if doc.get("floors_enforced") else "not enforced (not the shards of one full run)"
+        floors = (
+            "enforced on the union" if doc.get("floors_enforced") else "not enforced (not the shards of one full run)"
+        )
         lines += ["", f"merged from {len(doc['merged_from'])} part(s); case floors {floors}"]
     if doc.get("fuzz"):
         from .fuzzing import render_fuzz_markdown

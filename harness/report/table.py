@@ -15,8 +15,11 @@ def render_table(doc: dict, failures: int = 5) -> str:
     head = ["component", "verdict", "cases"] + [SHORT.get(c, c) for c in COLUMNS] + [d.column for d in DIFFERENCES]
     rows = []
     for name, entry in doc["components"].items():
-        rows.append([name, entry["verdict"].upper(), str(entry["cases"])] + [str(entry.get(c, 0) or "") or "." for c in COLUMNS]
-                    + [str(entry.get(d.count) or ".") for d in DIFFERENCES])
+        rows.append(
+            [name, entry["verdict"].upper(), str(entry["cases"])]
+            + [str(entry.get(c, 0) or "") or "." for c in COLUMNS]
+            + [str(entry.get(d.count) or ".") for d in DIFFERENCES]
+        )
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
     lines = [f"impl {doc['impl']} ({doc['impl_kind']}, device {doc['device']}): {verdict(doc)}"]
@@ -30,10 +33,12 @@ def render_table(doc: dict, failures: int = 5) -> str:
     lines += [fmt(r) for r in rows]
     bad, kinds = kinds_first([c for c in doc["cases"] if c["status"] in BAD])
     if bad:
-        shown = bad[:max(failures, len(kinds))]  # at least one of each kind
+        shown = bad[: max(failures, len(kinds))]  # at least one of each kind
         lines.append("")
-        lines.append(f"{len(bad)} case(s) did not pass: {kinds_line(kinds)}"
-                     + ("; one of each kind first:" if len(bad) > len(shown) else ":"))
+        lines.append(
+            f"{len(bad)} case(s) did not pass: {kinds_line(kinds)}"
+            + ("; one of each kind first:" if len(bad) > len(shown) else ":")
+        )
         for case in shown:
             lines.append(f"  {case['status'].upper()} {case['id']}")
             lines += [f"      {line}" for line in failing_lines(case, evidence=EVIDENCE)]
@@ -50,12 +55,16 @@ def render_table(doc: dict, failures: int = 5) -> str:
     partial = [c for c in doc["cases"] if c["status"] == "partial"]
     if partial:
         lines.append("")
-        lines.append(f"{len(partial)} case(s) partial: every output judged passes, the implementation declined "
-                     f"{sorted({n for c in partial for n in c.get('declined') or ()})}; e.g. {partial[0]['id']}")
+        lines.append(
+            f"{len(partial)} case(s) partial: every output judged passes, the implementation declined "
+            f"{sorted({n for c in partial for n in c.get('declined') or ()})}; e.g. {partial[0]['id']}"
+        )
     if doc.get("stopped"):
         lines.append("")
-        lines.append(f"STOPPED: {doc['stopped']}; {doc.get('not_run', 0)} case(s) not run (they count for nothing, "
-                     "neither pass nor fail)")
+        lines.append(
+            f"STOPPED: {doc['stopped']}; {doc.get('not_run', 0)} case(s) not run (they count for nothing, "
+            "neither pass nor fail)"
+        )
     for problem in doc.get("problems", []):
         lines.append(f"PROBLEM: {clean(problem)}")
     for stale in doc.get("stale_expectations", []):

@@ -55,7 +55,7 @@ def failing_lines(case: dict, most: int = 8, evidence: int = 0) -> list[str]:
     shown = [line for head, body in sections if head == "head" for line in body]
     shown += first[:1] + [line for line in first[1:] if line not in settle][:evidence] + settle
     shown += [line for head, body in sections if head in ("chain", "diagnosis") for line in body]
-    shown += [body[0] for body in others[:max(most - 1, 0)]]
+    shown += [body[0] for body in others[: max(most - 1, 0)]]
     shown = [clean(line.rstrip(), 300) for line in shown]
     failing = sum(1 for m in (case.get("outputs") or {}).values() if m.get("ok") is False)
     if failing > most:
@@ -71,21 +71,28 @@ def _unjudged(lines: list[str]) -> list[str]:
     """A message no output is to blame for (an exception, a crash, a timeout): its first lines, the
     innermost frame of the implementation's traceback, and the last lines it printed."""
     head = next((i for i, line in enumerate(lines) if line.startswith((TRACEBACK, PRINTED))), len(lines))
-    shown = lines[:min(head, 3)]
+    shown = lines[: min(head, 3)]
     for start, keep in ((TRACEBACK, 2), (PRINTED, 3)):
         at = next((i for i, line in enumerate(lines) if line.startswith(start)), None)
         if at is None:
             continue
-        block = lines[at + 1:]
-        end = next((i for i, line in enumerate(block) if line.startswith(PRINTED)), len(block)) if start == TRACEBACK \
+        block = lines[at + 1 :]
+        end = (
+            next((i for i, line in enumerate(block) if line.startswith(PRINTED)), len(block))
+            if start == TRACEBACK
             else len(block)
+        )
         shown += [lines[at]] + block[:end][-keep:]
     return shown
 
 
 # How a message's lines begin: the sections failing_lines picks from (anything else is "other").
-SECTION_STARTS = (("first divergent ", "head"), ("output '", "output"), ("chain at ", "chain"),
-                  ("diagnosis", "diagnosis"))
+SECTION_STARTS = (
+    ("first divergent ", "head"),
+    ("output '", "output"),
+    ("chain at ", "chain"),
+    ("diagnosis", "diagnosis"),
+)
 
 
 def _sections(lines: list[str]) -> list[tuple[str, list[str]]]:
@@ -111,7 +118,8 @@ def kind_of(case: dict) -> str:
         from .headroom import output_group
 
         first = case.get("first_divergent_stage") or next(
-            (n for n, m in (case.get("outputs") or {}).items() if m.get("ok") is False), "")
+            (n for n, m in (case.get("outputs") or {}).items() if m.get("ok") is False), ""
+        )
         return f"failure at {output_group(first)}" if first else "failure"
     return {"xpass": "unexpected pass"}.get(status, status)
 
@@ -140,5 +148,5 @@ def kinds_first(cases: list[dict]) -> tuple[list[dict], dict[str, int]]:
 
 
 def kinds_line(counts: dict[str, int]) -> str:
-    """"5 dtype errors, 1 timeout, 1 exception"."""
+    """ "5 dtype errors, 1 timeout, 1 exception"."""
     return ", ".join(plural(kind, n) for kind, n in counts.items())

@@ -41,12 +41,16 @@ def _sparse_attn_contains(params: dict, build: dict) -> bool:
     return min(b, m, h) >= 1 and d >= 32 and d % 32 == 0 and 1 <= build["k"] <= build["n"]
 
 
-register_space(Space(
-    "sparse_attn", _sparse_attn, _sparse_attn_cost,
-    simple={"absent": 0.0, "q_scale": 1.0, "order": "random"},
-    contains=_sparse_attn_contains,
-    note="b 1-3, m 1-24, h 1-16, d 32-512, k 1-400 lanes (several tiles), n >= k, absences, sinks",
-))
+register_space(
+    Space(
+        "sparse_attn",
+        _sparse_attn,
+        _sparse_attn_cost,
+        simple={"absent": 0.0, "q_scale": 1.0, "order": "random"},
+        contains=_sparse_attn_contains,
+        note="b 1-3, m 1-24, h 1-16, d 32-512, k 1-400 lanes (several tiles), n >= k, absences, sinks",
+    )
+)
 
 
 # --- compressor, compressor.ring, compressor.metadata ------------------------------------------
@@ -79,8 +83,12 @@ def _compressor(rng: random.Random) -> Spec:
     7 slots where it suffices), peaked or flat gate scores, another norm eps now and then."""
     ratio = 2 if rng.random() < 0.75 else 1
     name = _schedule_for_stream(rng)
-    build = {"dim": 16 * log_int(rng, 1, 320), "head_dim": 16 * log_int(rng, 1, 32), "batch": _batch(rng),
-             "schedules": [name]}
+    build = {
+        "dim": 16 * log_int(rng, 1, 320),
+        "head_dim": 16 * log_int(rng, 1, 32),
+        "batch": _batch(rng),
+        "schedules": [name],
+    }
     if ratio == 2:
         need = ratio + max_step(parse_schedule_name(name)) - 1
         if rng.random() < 0.3:
@@ -107,17 +115,25 @@ def _width(value) -> bool:
 
 def _compressor_contains(params: dict, build: dict) -> bool:
     parse_schedule_name(build["schedules"][0])  # a ValueError: outside
-    return (len(build["schedules"]) == 1 and 1 <= int(build["batch"]) <= 3
-            and _width(build["dim"]) and _width(build["head_dim"]))
+    return (
+        len(build["schedules"]) == 1
+        and 1 <= int(build["batch"]) <= 3
+        and _width(build["dim"])
+        and _width(build["head_dim"])
+    )
 
 
-register_space(Space(
-    "compressor", _compressor, _compressor_cost,
-    simple={"ratio": 1, "batch": 1, "score_scale": 1.0, "eps": 1e-20},
-    contains=_compressor_contains,
-    note="ratio 1/2, b 1-3, dim 16-5120, hd 16-512, <= 64 positions: compositions, prefill + decode, "
-         "speculative q_max 2-8 with rollbacks; ring >= r + longest step - 1; peaked scores",
-))
+register_space(
+    Space(
+        "compressor",
+        _compressor,
+        _compressor_cost,
+        simple={"ratio": 1, "batch": 1, "score_scale": 1.0, "eps": 1e-20},
+        contains=_compressor_contains,
+        note="ratio 1/2, b 1-3, dim 16-5120, hd 16-512, <= 64 positions: compositions, prefill + decode, "
+        "speculative q_max 2-8 with rollbacks; ring >= r + longest step - 1; peaked scores",
+    )
+)
 
 
 def _compressor_ring(rng: random.Random) -> Spec:
@@ -136,12 +152,16 @@ def _compressor_ring(rng: random.Random) -> Spec:
     return {"ratio": ratio, "q_max": q_max}, build
 
 
-register_space(Space(
-    "compressor.ring", _compressor_ring, lambda params, build: 2e-4,
-    simple={"ratio": 1},
-    contains=lambda params, build: int(params["q_max"]) >= 1 and int(build.get("head_dim", 16)) >= 1,
-    note="ratio 1/2, q_max 1-64, slots around r + q_max - 1 (short by 1-2, exact, larger, 0)",
-))
+register_space(
+    Space(
+        "compressor.ring",
+        _compressor_ring,
+        lambda params, build: 2e-4,
+        simple={"ratio": 1},
+        contains=lambda params, build: int(params["q_max"]) >= 1 and int(build.get("head_dim", 16)) >= 1,
+        note="ratio 1/2, q_max 1-64, slots around r + q_max - 1 (short by 1-2, exact, larger, 0)",
+    )
+)
 
 
 def _compressor_metadata(rng: random.Random) -> Spec:
@@ -161,14 +181,21 @@ def _compressor_metadata_cost(params: dict, build: dict) -> float:
     return 2e-4 + 4e-5 * len(steps)
 
 
-register_space(Space(
-    "compressor.metadata", _compressor_metadata, _compressor_metadata_cost,
-    simple={"ratio": 1, "batch": 1, "head_dim": 16},
-    contains=lambda params, build: (len(build["schedules"]) == 1 and 1 <= int(build.get("batch", 2)) <= 3
-                                    and _width(build.get("head_dim", 16))
-                                    and bool(parse_schedule_name(build["schedules"][0]))),
-    note="ratio 1/2, b 1-3, hd 16-512, <= 64 positions with rollbacks; all prefill, all decode or switch at any step",
-))
+register_space(
+    Space(
+        "compressor.metadata",
+        _compressor_metadata,
+        _compressor_metadata_cost,
+        simple={"ratio": 1, "batch": 1, "head_dim": 16},
+        contains=lambda params, build: (
+            len(build["schedules"]) == 1
+            and 1 <= int(build.get("batch", 2)) <= 3
+            and _width(build.get("head_dim", 16))
+            and bool(parse_schedule_name(build["schedules"][0]))
+        ),
+        note="ratio 1/2, b 1-3, hd 16-512, <= 64 positions with rollbacks; all prefill, all decode or switch at any step",
+    )
+)
 
 
 # --- attention ------------------------------------------------------------------------------------
@@ -222,15 +249,23 @@ def _attention_cost(params: dict, build: dict) -> float:
 def _attention_contains(params: dict, build: dict) -> bool:
     """tiny-a, batch 1-2, one contiguous schedule within 64 positions."""
     steps = parse_schedule_name(build["schedules"][0])
-    return (params.get("config", "tiny-a") == "tiny-a" and len(build["schedules"]) == 1
-            and 1 <= int(build.get("batch", 2)) <= 2 and steps[-1][1] <= _ATTN_MAX_SEQ
-            and all(steps[i][0] == steps[i - 1][1] for i in range(1, len(steps))))
+    return (
+        params.get("config", "tiny-a") == "tiny-a"
+        and len(build["schedules"]) == 1
+        and 1 <= int(build.get("batch", 2)) <= 2
+        and steps[-1][1] <= _ATTN_MAX_SEQ
+        and all(steps[i][0] == steps[i - 1][1] for i in range(1, len(steps)))
+    )
 
 
-register_space(Space(
-    "attention", _attention, _attention_cost,
-    simple={"index_k_policy": "upstream", "weights": "bf16", "batch": 1, "x_scale": 1.0},
-    contains=_attention_contains,
-    note="tiny-a, upstream/fixed policy, bf16/fp8 weights, b 1-2, contiguous schedules <= 64 positions: "
-         "prefill 1-60 (1-4 chunks) + 0-14 decode steps of 1..q_max (<= 8)",
-))
+register_space(
+    Space(
+        "attention",
+        _attention,
+        _attention_cost,
+        simple={"index_k_policy": "upstream", "weights": "bf16", "batch": 1, "x_scale": 1.0},
+        contains=_attention_contains,
+        note="tiny-a, upstream/fixed policy, bf16/fp8 weights, b 1-2, contiguous schedules <= 64 positions: "
+        "prefill 1-60 (1-4 chunks) + 0-14 decode steps of 1..q_max (<= 8)",
+    )
+)

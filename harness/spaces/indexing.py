@@ -136,8 +136,12 @@ def _topk_adversarial(rng: random.Random, params: dict) -> Spec:
     the sort of the first k-1 have depth limits to exhaust; tie_step > 1 adds ties (and may defuse it)."""
     n = log_int(rng, 64, TOPK_ADVERSARIAL_MAX_N)
     k = log_int(rng, n // 64 + 1, n)
-    build = {"kind": "adversarial", "shape": [rng.randint(1, 2), n], "target": rng.choice(["select", "sort"]),
-             "tie_step": rng.choice([1, 1, 2, 2, 3])}
+    build = {
+        "kind": "adversarial",
+        "shape": [rng.randint(1, 2), n],
+        "target": rng.choice(["select", "sort"]),
+        "tie_step": rng.choice([1, 1, 2, 2, 3]),
+    }
     dtype = rng.choice(["f32", "bf16", "f16"])
     if dtype != "f32":
         build["dtype"] = dtype
@@ -158,12 +162,16 @@ def _topk_cost(params: dict, build: dict) -> float:
     return _linear(TOPK_COST, _topk_features(params, build)) + played
 
 
-register_space(Space(
-    "topk.torch_cpu", _topk, _topk_cost,
-    simple={"kind": "gauss_bf16", "dtype": "f32", "sorted": True, "largest": True},
-    note="rows 1-16, n 1-131072 (log), k on both branches, at the 64k threshold and = n; all 7 kinds; "
-         "f32/bf16/f16; largest/smallest, sorted/unsorted; 1 in 8: adversarial rows (n 64-4096, nth_element)",
-))
+register_space(
+    Space(
+        "topk.torch_cpu",
+        _topk,
+        _topk_cost,
+        simple={"kind": "gauss_bf16", "dtype": "f32", "sorted": True, "largest": True},
+        note="rows 1-16, n 1-131072 (log), k on both branches, at the 64k threshold and = n; all 7 kinds; "
+        "f32/bf16/f16; largest/smallest, sorted/unsorted; 1 in 8: adversarial rows (n 64-4096, nth_element)",
+    )
+)
 
 
 # --- indexer.weights ------------------------------------------------------------------------------
@@ -200,11 +208,15 @@ def _weights_cost(params: dict, build: dict) -> float:
     return _linear(WEIGHTS_COST, _weights_features(params, build))
 
 
-register_space(Space(
-    "indexer.weights", _weights, _weights_cost,
-    simple={"x_scale": 1.0},
-    note="b 1-3, S 1-64, dim 1-8192 (and 5120/7168), H 1-64, index_head_dim 1-512 (any multiplier), scaled x and w",
-))
+register_space(
+    Space(
+        "indexer.weights",
+        _weights,
+        _weights_cost,
+        simple={"x_scale": 1.0},
+        note="b 1-3, S 1-64, dim 1-8192 (and 5120/7168), H 1-64, index_head_dim 1-512 (any multiplier), scaled x and w",
+    )
+)
 
 
 # --- indexer.scores -------------------------------------------------------------------------------
@@ -244,11 +256,15 @@ def _scores_cost(params: dict, build: dict) -> float:
     return _linear(SCORES_COST, _scores_features(params, build))
 
 
-register_space(Space(
-    "indexer.scores", _scores, _scores_cost,
-    simple={"qdq": True, "positive_w": False, "q_scale": 1.0, "k_scale": 1.0},
-    note="b 1-3, S 1-32, H 1-64, D 32-256 (fp4 QDQ) or 1-256 raw, T 1-16384; signed/positive w, scaled q/k/w",
-))
+register_space(
+    Space(
+        "indexer.scores",
+        _scores,
+        _scores_cost,
+        simple={"qdq": True, "positive_w": False, "q_scale": 1.0, "k_scale": 1.0},
+        note="b 1-3, S 1-32, H 1-64, D 32-256 (fp4 QDQ) or 1-256 raw, T 1-16384; signed/positive w, scaled q/k/w",
+    )
+)
 
 
 # --- indexer.select -------------------------------------------------------------------------------
@@ -273,8 +289,9 @@ def _score_kind(rng: random.Random, build: dict) -> None:
         build["run"] = rng.choice([1, 2, 3, 7, 64])
 
 
-def _chunk(rng: random.Random, ratio: int, elements: int, most_s: int = 64, b: int | None = None,
-           far: bool = False) -> tuple[int, int, int]:
+def _chunk(
+    rng: random.Random, ratio: int, elements: int, most_s: int = 64, b: int | None = None, far: bool = False
+) -> tuple[int, int, int]:
     """(b, S, start) of a prefill, decode step or chunk whose b * S * ((start + S) // ratio) stays
     within `elements`, never seeing zero rows at its end (`far`: starts biased to the top)."""
     b = b or rng.choice([1, 1, 2, 3])
@@ -341,12 +358,16 @@ def _select_cost(params: dict, build: dict) -> float:
     return _linear(SELECT_COST, _select_features(params, build))
 
 
-register_space(Space(
-    "indexer.select", _select, _select_cost,
-    simple={"kind": "normal", "candidate_leak": "upstream", "offset": 0},
-    note="b 1-3, S 1-64, start 0-200000 (edges 2^8..2^17), ratio 1|2, T >= seen (+stale slack), all score "
-         "kinds + mixed + explicit -inf rows, index_topk 1..2T, candidates (source/rows) x leak policies",
-))
+register_space(
+    Space(
+        "indexer.select",
+        _select,
+        _select_cost,
+        simple={"kind": "normal", "candidate_leak": "upstream", "offset": 0},
+        note="b 1-3, S 1-64, start 0-200000 (edges 2^8..2^17), ratio 1|2, T >= seen (+stale slack), all score "
+        "kinds + mixed + explicit -inf rows, index_topk 1..2T, candidates (source/rows) x leak policies",
+    )
+)
 
 
 # --- indexer (the whole forward) ------------------------------------------------------------------
@@ -382,8 +403,13 @@ def _forward(rng: random.Random) -> Spec:
         q_lora = log_int(rng, 1, 512)  # a bf16 wq_b takes any q_lora
     b, S, start = _chunk(rng, ratio, key_budget // D, most_s=8 if production or long else 32, b=b, far=long)
     T = (start + S) // ratio
-    params = {"start": start, "ratio": ratio, "rope_dim": rope_dim, "index_topk": _topk_count(rng, T),
-              "offset": _offset(rng, S)}
+    params = {
+        "start": start,
+        "ratio": ratio,
+        "rope_dim": rope_dim,
+        "index_topk": _topk_count(rng, T),
+        "offset": _offset(rng, S),
+    }
     if weights == "fp8":
         params["weights"] = "fp8"
     if rng.random() < 0.3:
@@ -428,12 +454,16 @@ def _forward_cost(params: dict, build: dict) -> float:
     return _linear(FORWARD_COST, _forward_features(params, build))
 
 
-register_space(Space(
-    "indexer", _forward, _forward_cost,
-    simple={"weights": "bf16", "candidate_leak": "upstream", "offset": 0},
-    note="b 1-3, S 1-32, start 0-200000, ratio 1|2, H 1-16 x D 32-128, q_lora 1-512, rope 2..D; production "
-         "(5120/1280/32x128/64) 8%; bf16|fp8 wq_b, cache rows > T, YaRN tables, candidate consumers x leak policies",
-))
+register_space(
+    Space(
+        "indexer",
+        _forward,
+        _forward_cost,
+        simple={"weights": "bf16", "candidate_leak": "upstream", "offset": 0},
+        note="b 1-3, S 1-32, start 0-200000, ratio 1|2, H 1-16 x D 32-128, q_lora 1-512, rope 2..D; production "
+        "(5120/1280/32x128/64) 8%; bf16|fp8 wq_b, cache rows > T, YaRN tables, candidate consumers x leak policies",
+    )
+)
 
 
 # --- candidates.select ----------------------------------------------------------------------------
@@ -449,11 +479,14 @@ def _candidates(rng: random.Random) -> Spec:
         b, S, W = rng.randint(1, 2), rng.randint(1, 4), rng.randint(1, 24)
         lens = [rng.randint(0, W) for _ in range(S)]
         pool = [0.0, 1.0, 2.0, 6.0, -3.0]
-        values = [[[rng.choice(pool) if j < lens[t] else float("-inf") for j in range(W)] for t in range(S)]
-                  for _ in range(b)]
+        values = [
+            [[rng.choice(pool) if j < lens[t] else float("-inf") for j in range(W)] for t in range(S)] for _ in range(b)
+        ]
         block = rng.choice([1, 2, 3, 4, 8])
-        return {"topk_blocks": log_int(rng, 1, -(-W // block) + 1), "block_size": block}, \
-            {"values": values, "compress_lens": lens}
+        return {"topk_blocks": log_int(rng, 1, -(-W // block) + 1), "block_size": block}, {
+            "values": values,
+            "compress_lens": lens,
+        }
     ratio = rng.choice([1, 1, 2])
     b, S, start = _chunk(rng, ratio, 1 << 21, most_s=32)
     W = max(1, (start + S) // ratio + rng.choice([0, 0, rng.randint(1, 40)]))
@@ -495,12 +528,16 @@ def _candidates_cost(params: dict, build: dict) -> float:
     return _linear(CANDIDATES_COST, _candidates_features(params, build))
 
 
-register_space(Space(
-    "candidates.select", _candidates, _candidates_cost,
-    simple={"kind": "normal", "ratio": 1},
-    note="b 1-3, S 1-32, start 0-200000, ratio 1|2, W >= seen (+slack), block 1-128, topk_blocks 1..2nb "
-         "and 2048; normal/levels/constant logits, low newest row, explicit logits with arbitrary lens",
-))
+register_space(
+    Space(
+        "candidates.select",
+        _candidates,
+        _candidates_cost,
+        simple={"kind": "normal", "ratio": 1},
+        note="b 1-3, S 1-32, start 0-200000, ratio 1|2, W >= seen (+slack), block 1-128, topk_blocks 1..2nb "
+        "and 2048; normal/levels/constant logits, low newest row, explicit logits with arbitrary lens",
+    )
+)
 
 
 # --- candidates.restore ---------------------------------------------------------------------------
@@ -529,8 +566,9 @@ def _restore(rng: random.Random) -> Spec:
     params = {"block_size": block}
     r = rng.random()
     if r < 0.7:
-        params["request_offset"] = rng.choice([0, log_int(rng, 1, 1 << 17), rng.choice(EDGES) + rng.randint(-2, 2),
-                                               INT32_MAX - W - rng.randint(0, 1000)])
+        params["request_offset"] = rng.choice(
+            [0, log_int(rng, 1, 1 << 17), rng.choice(EDGES) + rng.randint(-2, 2), INT32_MAX - W - rng.randint(0, 1000)]
+        )
     return params, build
 
 
@@ -547,12 +585,16 @@ def _restore_cost(params: dict, build: dict) -> float:
     return _linear(RESTORE_COST, _restore_features(params, build))
 
 
-register_space(Space(
-    "candidates.restore", _restore, _restore_cost,
-    simple={"form": "mask", "shuffle": False, "request_offset": 0},
-    note="b 1-3, S 1-32, W 1-131072, block 1-128, topk_blocks 1..2nb, k 1..W+8; mask / blocks / shuffled "
-         "blocks; starts inside W; request_offset 0..2^31-W",
-))
+register_space(
+    Space(
+        "candidates.restore",
+        _restore,
+        _restore_cost,
+        simple={"form": "mask", "shuffle": False, "request_offset": 0},
+        note="b 1-3, S 1-32, W 1-131072, block 1-128, topk_blocks 1..2nb, k 1..W+8; mask / blocks / shuffled "
+        "blocks; starts inside W; request_offset 0..2^31-W",
+    )
+)
 
 
 # --- window.indices -------------------------------------------------------------------------------
@@ -574,8 +616,12 @@ def _window(rng: random.Random) -> Spec:
     seqlen = log_int(rng, 1, 256)
     while seqlen * win > 1 << 21:
         seqlen //= 2
-    params = {"mode": "chunk", "start": _start(rng, wrap=rng.choice([win, win + seqlen - 1])), "seqlen": seqlen,
-              "win": win}
+    params = {
+        "mode": "chunk",
+        "start": _start(rng, wrap=rng.choice([win, win + seqlen - 1])),
+        "seqlen": seqlen,
+        "win": win,
+    }
     ring = rng.choice(["default", "exact", "under", "over"])
     if ring == "exact":
         params["ring_size"] = win + seqlen - 1
@@ -600,12 +646,16 @@ def _window_cost(params: dict, build: dict) -> float:
     return _linear(WINDOW_COST, _window_features(params, build))
 
 
-register_space(Space(
-    "window.indices", _window, _window_cost,
-    simple={"mode": "prefill"},
-    note="prefill seqlen 1-4096; decode/chunk start 0-200000 (edges 2^8..2^17, ring wraps); win 1-4096 "
-         "(128); chunk seqlen 1-256, ring default/exact/undersized/oversized",
-))
+register_space(
+    Space(
+        "window.indices",
+        _window,
+        _window_cost,
+        simple={"mode": "prefill"},
+        note="prefill seqlen 1-4096; decode/chunk start 0-200000 (edges 2^8..2^17, ring wraps); win 1-4096 "
+        "(128); chunk seqlen 1-256, ring default/exact/undersized/oversized",
+    )
+)
 
 
 # --- address.prefill / address.decode --------------------------------------------------------------
@@ -636,8 +686,15 @@ def _address_prefill(rng: random.Random) -> Spec:
     """Ids [b, S, K] below up to 200000 rows (ascending with a -1 tail, or explicit in any order with
     -1 anywhere), bases from 0 past 2^16 and 2^24 up to the int32 limit."""
     b, S, K, rows = _lanes(rng)
-    base = rng.choice([0, log_int(rng, 1, 1 << 17), rng.choice(EDGES + (2**24,)) + rng.randint(-2, 2),
-                       log_int(rng, 1, INT32_MAX - rows), INT32_MAX - rows - rng.randint(0, 3)])
+    base = rng.choice(
+        [
+            0,
+            log_int(rng, 1, 1 << 17),
+            rng.choice(EDGES + (2**24,)) + rng.randint(-2, 2),
+            log_int(rng, 1, INT32_MAX - rows),
+            INT32_MAX - rows - rng.randint(0, 3),
+        ]
+    )
     if b * S * K <= 64 and rng.random() < 0.25:
         return {"base": base}, {"ids": _explicit_ids(rng, b, S, K, rows)}
     return {"base": base}, {"shape": [b, S, K], "rows": rows}
@@ -663,11 +720,15 @@ def _address_cost(params: dict, build: dict) -> float:
     return _linear(ADDRESS_COST, _address_features(params, build))
 
 
-register_space(Space(
-    "address.prefill", _address_prefill, _address_cost,
-    note="b 1-3, S 1-32, K 1-2048 (512), rows 1-200000 (edges 2^8..2^17), explicit unordered ids with -1 "
-         "lanes; base 0..2^31-1-rows (past 2^16, 2^24)",
-))
+register_space(
+    Space(
+        "address.prefill",
+        _address_prefill,
+        _address_cost,
+        note="b 1-3, S 1-32, K 1-2048 (512), rows 1-200000 (edges 2^8..2^17), explicit unordered ids with -1 "
+        "lanes; base 0..2^31-1-rows (past 2^16, 2^24)",
+    )
+)
 
 
 def _address_decode(rng: random.Random) -> Spec:
@@ -691,13 +752,18 @@ def _address_decode(rng: random.Random) -> Spec:
         build["block_table"] = table[0] if rng.random() < 0.5 else table
     elif r < 0.6:
         largest = min(1 << 22, INT32_MAX // per_block)  # every slot fits in int32
-        build["pool"] = rng.choice([need_blocks, need_blocks + rng.randint(1, 8),
-                                    max(need_blocks, log_int(rng, need_blocks, largest))])
+        build["pool"] = rng.choice(
+            [need_blocks, need_blocks + rng.randint(1, 8), max(need_blocks, log_int(rng, need_blocks, largest))]
+        )
     return params, build
 
 
-register_space(Space(
-    "address.decode", _address_decode, _address_cost,
-    note="b 1-3, S 1-32, K 1-2048, rows 1-200000, block 1-512 (multiple of ratio), ratio 1|2, pool just "
-         "enough..2^22 (slots < 2^31), explicit shared/per-request tables, explicit unordered ids",
-))
+register_space(
+    Space(
+        "address.decode",
+        _address_decode,
+        _address_cost,
+        note="b 1-3, S 1-32, K 1-2048, rows 1-200000, block 1-512 (multiple of ratio), ratio 1|2, pool just "
+        "enough..2^22 (slots < 2^31), explicit shared/per-request tables, explicit unordered ids",
+    )
+)

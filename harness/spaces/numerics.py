@@ -39,8 +39,8 @@ def _pow2_scale(rng: random.Random, low: int, high: int) -> float:
     """2^e (e an integer in [low, high]), sometimes with a mantissa: magnitudes across binades."""
     e = rng.randint(low, high)
     if rng.random() < 0.3:
-        return _sig(rng.uniform(1.0, 2.0) * 2.0 ** e)
-    return float(2.0 ** e)
+        return _sig(rng.uniform(1.0, 2.0) * 2.0**e)
+    return float(2.0**e)
 
 
 def _bf16_ulp(x: float) -> float:
@@ -58,8 +58,10 @@ def _leading(rng: random.Random, rank: int, last: int, budget: int, low: int = 1
 
 
 # the positive float8_e4m3fn values: subnormals k * 2^-9, normals (1 + j/8) * 2^e up to 448
-E4M3_VALUES = sorted({k * 2.0 ** -9 for k in range(1, 8)}
-                     | {v for e in range(-6, 9) for j in range(8) if (v := (1 + j / 8) * 2.0 ** e) <= 448})
+E4M3_VALUES = sorted(
+    {k * 2.0**-9 for k in range(1, 8)}
+    | {v for e in range(-6, 9) for j in range(8) if (v := (1 + j / 8) * 2.0**e) <= 448}
+)
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
@@ -90,12 +92,16 @@ def _e2m1_cost(params: dict, build: dict) -> float:
     return 0.0002 + n * 6e-8
 
 
-register_space(Space(
-    "quant.e2m1", _e2m1, _e2m1_cost,
-    simple={"kind": "uniform"},
-    note="kind midpoints|uniform|bf16; any shape, rank 0-4, dims up to 4096 (1-D up to 2^20), <= 2^20 elements, "
-         "rare empty dims",
-))
+register_space(
+    Space(
+        "quant.e2m1",
+        _e2m1,
+        _e2m1_cost,
+        simple={"kind": "uniform"},
+        note="kind midpoints|uniform|bf16; any shape, rank 0-4, dims up to 4096 (1-D up to 2^20), <= 2^20 elements, "
+        "rare empty dims",
+    )
+)
 
 
 # --- the three block quantisers -----------------------------------------------------------------
@@ -110,7 +116,7 @@ def _scaled_amax(rng: random.Random, fmt: str) -> float:
             v = 6 * (E4M3_VALUES[i] if rng.random() < 0.4 else (E4M3_VALUES[i] + E4M3_VALUES[i + 1]) / 2)
             return v + rng.choice([0.0, 0.0, 1.0, -1.0]) * _bf16_ulp(v)
         if choice == "subnormal":
-            return _sig(rng.uniform(6 * 2.0 ** -9, 6 * 2.0 ** -6))
+            return _sig(rng.uniform(6 * 2.0**-9, 6 * 2.0**-6))
         if choice == "floor":
             return rng.choice([0.0, 0.001, 0.0117, 0.01171875, 0.0118, 1e-30])
         if choice == "saturate":
@@ -120,10 +126,10 @@ def _scaled_amax(rng: random.Random, fmt: str) -> float:
     choice = _pick(rng, [(3, "pow2"), (1, "floor"), (2, "random")])
     if choice == "pow2":  # top * 2^k exactly, or one bf16 step either side of it
         v = top * 2.0 ** rng.randint(low_e, high_e)
-        return v * rng.choice([1.0, 1.0, 1 + 2.0 ** -7, 1 - 2.0 ** -8])
+        return v * rng.choice([1.0, 1.0, 1 + 2.0**-7, 1 - 2.0**-8])
     if choice == "floor":
         if fmt == "fp4_e8m0":
-            return rng.choice([0.0, 6 * 2.0 ** -126, 6 * 2.0 ** -127, 1e-40, 6 * 2.0 ** -125])
+            return rng.choice([0.0, 6 * 2.0**-126, 6 * 2.0**-127, 1e-40, 6 * 2.0**-125])
         return rng.choice([0.0, 1e-4, 9e-5, 1.1e-4, 1e-7, 0.0448])
     return _pow2_scale(rng, -40, 40)
 
@@ -137,7 +143,7 @@ def _boundary_values(rng: random.Random, fmt: str) -> list[float]:
             i = rng.randrange(len(E4M3_VALUES) - 1)
             mid = (E4M3_VALUES[i] + E4M3_VALUES[i + 1]) / 2
             if r < 0.15:
-                v = rng.choice([0.0, -0.0, E4M3_VALUES[i], 2.0 ** -10, 448.0])
+                v = rng.choice([0.0, -0.0, E4M3_VALUES[i], 2.0**-10, 448.0])
             elif r < 0.7:
                 v = mid
             else:
@@ -159,8 +165,9 @@ def _quant_space(fmt: str, block: int, budget: int):
         """normal rows (row_scales across binades, zero rows), log-uniform magnitudes over the
         whole bf16 range, zero blocks, boundary values at scale 1, scaled blocks at the scale's
         edges (floors, subnormal or saturating scales, power-of-two steps); rank 1-4."""
-        kind = _pick(rng, [(0.3, "normal"), (0.2, "log_uniform"), (0.15, "zero_blocks"), (0.15, "boundary"),
-                           (0.2, "scaled")])
+        kind = _pick(
+            rng, [(0.3, "normal"), (0.2, "log_uniform"), (0.15, "zero_blocks"), (0.15, "boundary"), (0.2, "scaled")]
+        )
         last = block * log_int(rng, 1, 8192 // block)
         if kind == "boundary":  # the builder tiles the values over [shape[0], shape[-1]]: 2-D only
             rank = 2
@@ -171,8 +178,9 @@ def _quant_space(fmt: str, block: int, budget: int):
             shape[0] = 0
         build = {"kind": kind, "shape": shape}
         if kind == "normal" and rng.random() < 0.6:
-            build["row_scales"] = [0.0 if rng.random() < 0.15 else _pow2_scale(rng, -30, 30)
-                                   for _ in range(log_int(rng, 1, 8))]
+            build["row_scales"] = [
+                0.0 if rng.random() < 0.15 else _pow2_scale(rng, -30, 30) for _ in range(log_int(rng, 1, 8))
+            ]
         elif kind == "log_uniform" and rng.random() < 0.85:
             low = rng.randint(-140, 0)
             build["low_exp"] = low
@@ -199,13 +207,17 @@ for _component, _fmt, _block, _budget, _rate in (
     ("quant.fp4_e8m0", "fp4_e8m0", 32, 1 << 20, 8.5e-8),
     ("quant.fp8_ue8m0", "fp8_ue8m0", 32, 1 << 21, 5.5e-8),
 ):
-    register_space(Space(
-        _component, _quant_space(_fmt, _block, _budget), _quant_cost(_rate),
-        simple={"kind": "normal"},
-        note=f"kind normal|log_uniform|zero_blocks|boundary|scaled; rank 1-4 (boundary 2-D), last dim {_block}.."
-             f"8192 in blocks of {_block}, leading dims up to 64, <= 2^{_budget.bit_length() - 1} elements; "
-             "row scales 2^-30..2^30 and 0, exponents -140..127, amax at scale floors/steps/saturation",
-    ))
+    register_space(
+        Space(
+            _component,
+            _quant_space(_fmt, _block, _budget),
+            _quant_cost(_rate),
+            simple={"kind": "normal"},
+            note=f"kind normal|log_uniform|zero_blocks|boundary|scaled; rank 1-4 (boundary 2-D), last dim {_block}.."
+            f"8192 in blocks of {_block}, leading dims up to 64, <= 2^{_budget.bit_length() - 1} elements; "
+            "row scales 2^-30..2^30 and 0, exponents -140..127, amax at scale floors/steps/saturation",
+        )
+    )
 
 
 # --- linear.f32 ---------------------------------------------------------------------------------
@@ -236,12 +248,16 @@ def _linear_f32_cost(params: dict, build: dict) -> float:
     return 0.0002 + 3.3e-8 * (n * k + m * k) + 5e-11 * m * k * n
 
 
-register_space(Space(
-    "linear.f32", _linear_f32, _linear_f32_cost,
-    simple={"bf16_valued": True, "x_scale": 1.0},
-    note="mkn m 1-64, k 1-8192, n 1-4096 (n*k <= 2^22; production 5120 -> 512/1024), bf16-valued or fp32, "
-         "x_scale 2^-20..2^20, w_scale 2^-20..2^4",
-))
+register_space(
+    Space(
+        "linear.f32",
+        _linear_f32,
+        _linear_f32_cost,
+        simple={"bf16_valued": True, "x_scale": 1.0},
+        note="mkn m 1-64, k 1-8192, n 1-4096 (n*k <= 2^22; production 5120 -> 512/1024), bf16-valued or fp32, "
+        "x_scale 2^-20..2^20, w_scale 2^-20..2^4",
+    )
+)
 
 
 # --- norm.rms -----------------------------------------------------------------------------------
@@ -289,13 +305,17 @@ def _norm_rms_contains(params: dict, build: dict) -> bool:
     return all(abs(float(s)) < 2.0 ** (_norm_rms_top_exponent(d) + 1) for s in build.get("row_scales", [1.0]))
 
 
-register_space(Space(
-    "norm.rms", _norm_rms, _norm_rms_cost,
-    simple={"dtype": "bf16", "zero_row": False, "eps": 1e-20},
-    contains=_norm_rms_contains,
-    note="[m, d] m 1-256, d 1-8192 (<= 2^20 elements), bf16|f32, row_scales 2^-60..2^(56 - log2(d)/2) (upstream's "
-         "fp32 sum of squares finite), zero_row, eps 1e-30..1e-5",
-))
+register_space(
+    Space(
+        "norm.rms",
+        _norm_rms,
+        _norm_rms_cost,
+        simple={"dtype": "bf16", "zero_row": False, "eps": 1e-20},
+        contains=_norm_rms_contains,
+        note="[m, d] m 1-256, d 1-8192 (<= 2^20 elements), bf16|f32, row_scales 2^-60..2^(56 - log2(d)/2) (upstream's "
+        "fp32 sum of squares finite), zero_row, eps 1e-30..1e-5",
+    )
+)
 
 
 # --- linear.fp8 ---------------------------------------------------------------------------------
@@ -331,12 +351,16 @@ def _linear_fp8_cost(params: dict, build: dict) -> float:
     return 0.0005 + 4.5e-8 * n * k + (k // 32) * (5e-5 + 3.5e-9 * m * n)
 
 
-register_space(Space(
-    "linear.fp8", _linear_fp8, _linear_fp8_cost,
-    simple={"kind": "normal", "x_scale": 1.0},
-    note="mkn M 1-64, K 32-8192 (x32), N 1-8192 any (n*k <= 2^22; production wq_a, indexer wq_b, wkv), "
-         "kind normal|zero_tiny|saturating, x_scale 2^-20..2^20, w_scale",
-))
+register_space(
+    Space(
+        "linear.fp8",
+        _linear_fp8,
+        _linear_fp8_cost,
+        simple={"kind": "normal", "x_scale": 1.0},
+        note="mkn M 1-64, K 32-8192 (x32), N 1-8192 any (n*k <= 2^22; production wq_a, indexer wq_b, wkv), "
+        "kind normal|zero_tiny|saturating, x_scale 2^-20..2^20, w_scale",
+    )
+)
 
 
 # --- rope.yarn_table and rope.apply -------------------------------------------------------------
@@ -390,12 +414,16 @@ def _yarn_table(rng: random.Random) -> Spec:
     return params, {"positions": positions}
 
 
-register_space(Space(
-    "rope.yarn_table", _yarn_table, lambda params, build: 0.00015 + 2e-8 * len(build["positions"]) * params["dim"],
-    simple={"original_seq_len": 0, "base": 10000.0},
-    note="dim 2-512 even, base 1e2..1e7, YaRN off|production|random (osl 2..2^20, factor 1-64, betas), "
-         "0-64 positions up to 2^24",
-))
+register_space(
+    Space(
+        "rope.yarn_table",
+        _yarn_table,
+        lambda params, build: 0.00015 + 2e-8 * len(build["positions"]) * params["dim"],
+        simple={"original_seq_len": 0, "base": 10000.0},
+        note="dim 2-512 even, base 1e2..1e7, YaRN off|production|random (osl 2..2^20, factor 1-64, betas), "
+        "0-64 positions up to 2^24",
+    )
+)
 
 
 def _rope_apply(rng: random.Random) -> Spec:
@@ -440,12 +468,16 @@ def _rope_apply_cost(params: dict, build: dict) -> float:
     return 0.0002 + 5e-8 * rows * half + 3e-8 * math.prod(build["shape"])
 
 
-register_space(Space(
-    "rope.apply", _rope_apply, _rope_apply_cost,
-    simple={"inverse": False, "start": 0, "original_seq_len": 0, "scale": 1.0},
-    note="3-D/4-D x, b 1-8, S 1-128, h 1-64, rope_dim 2-256 <= d (extra channels, odd d), start 0..2^20, "
-         "inverse, x scale 2^-30..2^30, any YaRN table",
-))
+register_space(
+    Space(
+        "rope.apply",
+        _rope_apply,
+        _rope_apply_cost,
+        simple={"inverse": False, "start": 0, "original_seq_len": 0, "scale": 1.0},
+        note="3-D/4-D x, b 1-8, S 1-128, h 1-64, rope_dim 2-256 <= d (extra channels, odd d), start 0..2^20, "
+        "inverse, x scale 2^-30..2^30, any YaRN table",
+    )
+)
 
 
 # --- kv.finish ----------------------------------------------------------------------------------
@@ -474,11 +506,16 @@ def _kv_finish(rng: random.Random) -> Spec:
         groups = list(range(first, first + g))
     else:
         groups = sorted(rng.sample(range(top), g))
-    build = {"head_dim": hd, "index_head_dim": ihd, "batch": rng.randint(1, 3) if rng.random() < 0.9 else 4,
-             "groups": groups}
+    build = {
+        "head_dim": hd,
+        "index_head_dim": ihd,
+        "batch": rng.randint(1, 3) if rng.random() < 0.9 else 4,
+        "groups": groups,
+    }
     if rng.random() < 0.4:
-        build["row_scales"] = [rng.choice([1.0, 0.001, 0.01, 40.0, 1000.0, _pow2_scale(rng, -24, 12)])
-                               for _ in range(log_int(rng, 1, 6))]
+        build["row_scales"] = [
+            rng.choice([1.0, 0.001, 0.01, 40.0, 1000.0, _pow2_scale(rng, -24, 12)]) for _ in range(log_int(rng, 1, 6))
+        ]
     params = {"ratio": ratio, "rope_dim": rope}
     if rng.random() < 0.2:
         params["eps"] = rng.choice([1e-6, 1e-12, 1e-20])
@@ -493,12 +530,16 @@ def _kv_finish_cost(params: dict, build: dict) -> float:
     return 0.0015 + 5e-8 * positions * (params["rope_dim"] // 2) + rows * gemm
 
 
-register_space(Space(
-    "kv.finish", _kv_finish, _kv_finish_cost,
-    simple={"ratio": 2, "batch": 1},
-    note="ratio 1|2, rope 2-128, hd 16-1024 (x16), ihd 32-512 (x32), b 1-4, 0-64 groups (contiguous or "
-         "scattered, j < 2^17), row_scales 2^-24..2^12, eps",
-))
+register_space(
+    Space(
+        "kv.finish",
+        _kv_finish,
+        _kv_finish_cost,
+        simple={"ratio": 2, "batch": 1},
+        note="ratio 1|2, rope 2-128, hd 16-1024 (x16), ihd 32-512 (x32), b 1-4, 0-64 groups (contiguous or "
+        "scattered, j < 2^17), row_scales 2^-24..2^12, eps",
+    )
+)
 
 
 # --- cache.bytes --------------------------------------------------------------------------------
@@ -521,15 +562,24 @@ def _cache_bytes(rng: random.Random) -> Spec:
         slots = 0 if rng.random() < 0.7 else log_int(rng, 1, 64)
     else:
         slots = ratio + log_int(rng, 1, 64) - 1 if rng.random() < 0.7 else rng.randint(0, 64)
-    return {"head_dim": hd, "index_head_dim": ihd, "ratio": ratio, "block_positions": positions,
-            "state_slots": slots}, {}
+    return {
+        "head_dim": hd,
+        "index_head_dim": ihd,
+        "ratio": ratio,
+        "block_positions": positions,
+        "state_slots": slots,
+    }, {}
 
 
-register_space(Space(
-    "cache.bytes", _cache_bytes, lambda params, build: 0.0002,
-    simple={"ratio": 2},
-    note="hd 32-8192, ihd 32-1024 (x32), ratio 1|2, block_positions 1-4096 (x ratio), state_slots 0-65",
-))
+register_space(
+    Space(
+        "cache.bytes",
+        _cache_bytes,
+        lambda params, build: 0.0002,
+        simple={"ratio": 2},
+        note="hd 32-8192, ihd 32-1024 (x32), ratio 1|2, block_positions 1-4096 (x ratio), state_slots 0-65",
+    )
+)
 
 
 # --- topology.validate --------------------------------------------------------------------------
@@ -603,8 +653,12 @@ def _topology(rng: random.Random) -> Spec:
     return maps, {}
 
 
-register_space(Space(
-    "topology.validate", _topology, lambda params, build: 0.0001 + 2e-7 * len(params.get("main_kv", [0] * 64)) ** 2,
-    note="1-64 layers, valid maps (segments, -1 layers, optional candidates) and one-fault variants "
-         "(entry, length, swap, out of range), derived_from tiny-a|production",
-))
+register_space(
+    Space(
+        "topology.validate",
+        _topology,
+        lambda params, build: 0.0001 + 2e-7 * len(params.get("main_kv", [0] * 64)) ** 2,
+        note="1-64 layers, valid maps (segments, -1 layers, optional candidates) and one-fault variants "
+        "(entry, length, swap, out of range), derived_from tiny-a|production",
+    )
+)

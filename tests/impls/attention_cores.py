@@ -41,7 +41,7 @@ def tiled(q, kv, attn_sink, ids, softmax_scale, tile: int = 64, bf16_p: bool = T
     run_max = torch.full((b, m, h), M_INIT)
     denom, acc = torch.zeros(b, m, h), torch.zeros(b, m, h, d)
     for t0 in range(0, ids.shape[-1], tile):
-        rows, present = _rows(kv, ids[..., t0:t0 + tile])
+        rows, present = _rows(kv, ids[..., t0 : t0 + tile])
         s = torch.einsum("bmhd,bmtd->bmht", qf, rows) * softmax_scale
         s = s.masked_fill(~present.unsqueeze(2), float("-inf"))
         new_max = torch.maximum(run_max, s.amax(-1))
@@ -105,8 +105,11 @@ class Core(ReferenceAdapter):
 
     def run(self, component, inputs, params):
         if component == "sparse_attn":
-            return {"o": self.core(inputs["q"], inputs["kv"], inputs["attn_sink"], inputs["topk_idxs"],
-                                   float(params["softmax_scale"]))}
+            return {
+                "o": self.core(
+                    inputs["q"], inputs["kv"], inputs["attn_sink"], inputs["topk_idxs"], float(params["softmax_scale"])
+                )
+            }
         if component == "attention":
             with patched(ref_attention, "sparse_attn", self.core):
                 return super().run(component, inputs, params)

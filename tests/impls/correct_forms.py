@@ -18,24 +18,35 @@ from wrong_attention import PlainSoftmax
 IMPLS = Path(__file__).resolve().parent
 
 CPU = {"upstream": UpstreamTorch, "float64": Float64}
-CORES = {"PlainSoftmax": PlainSoftmax, **{name: getattr(attention_cores, name) for name in
-                                          ("TiledFp32P", "Tiles128", "OnePassBf16P", "SinkColumn64", "SinkFactor64")}}
+CORES = {
+    "PlainSoftmax": PlainSoftmax,
+    **{
+        name: getattr(attention_cores, name)
+        for name in ("TiledFp32P", "Tiles128", "OnePassBf16P", "SinkColumn64", "SinkFactor64")
+    },
+}
 ORDERS = {"Fp8K128": gemm_orders.Fp8K128, "BlasBf16": gemm_orders.BlasBf16}
 # one internal rounding of the reference dropped at a time (P's is TiledFp32P's, among the cores)
 PRECISE = {"ExactHeadDots": precise_roundings.ExactHeadDots, "ExactHeadProducts": precise_roundings.ExactHeadProducts}
 GPU = dict(gpu_gates.GATES)
 MAKERS = {**CPU, **GPU, **CORES, **ORDERS, **PRECISE}
 # Where each lives, as `--impl` takes it (the command that re-creates a failure).
-_FILES = {**{name: "gate_upstream.py" if name == "upstream" else "gate_float64.py" for name in CPU},
-          **{name: "gpu_gates.py" for name in GPU}, "PlainSoftmax": "wrong_attention.py",
-          **{name: "attention_cores.py" for name in CORES if name != "PlainSoftmax"},
-          **{name: "gemm_orders.py" for name in ORDERS}, **{name: "precise_roundings.py" for name in PRECISE}}
+_FILES = {
+    **{name: "gate_upstream.py" if name == "upstream" else "gate_float64.py" for name in CPU},
+    **{name: "gpu_gates.py" for name in GPU},
+    "PlainSoftmax": "wrong_attention.py",
+    **{name: "attention_cores.py" for name in CORES if name != "PlainSoftmax"},
+    **{name: "gemm_orders.py" for name in ORDERS},
+    **{name: "precise_roundings.py" for name in PRECISE},
+}
 SPECS = {name: f"{IMPLS / _FILES[name]}:{MAKERS[name].__name__}" for name in MAKERS}
 # The components a form can change (every component where it is not named): elsewhere it is the
 # reference (or upstream's arithmetic), which the upstream gate already covers.
-REACH = {**{name: ("sparse_attn", "attention") for name in CORES},
-         "Fp8K128": ("linear.fp8", "attention", "indexer"),
-         **{name: ("indexer", "indexer.scores", "attention") for name in PRECISE}}
+REACH = {
+    **{name: ("sparse_attn", "attention") for name in CORES},
+    "Fp8K128": ("linear.fp8", "attention", "indexer"),
+    **{name: ("indexer", "indexer.scores", "attention") for name in PRECISE},
+}
 
 
 def reaches(form: str, component: str) -> bool:

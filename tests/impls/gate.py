@@ -12,8 +12,14 @@ from v41_conformance.known import components
 # Index bookkeeping, byte counts, ring capacity, row metadata, topology rules: integer answers, so
 # the reference's answer is every correct implementation's answer.
 NO_FLOAT_ARITHMETIC = (
-    "address.prefill", "address.decode", "window.indices", "candidates.restore", "topology.validate",
-    "cache.bytes", "compressor.ring", "compressor.metadata",
+    "address.prefill",
+    "address.decode",
+    "window.indices",
+    "candidates.restore",
+    "topology.validate",
+    "cache.bytes",
+    "compressor.ring",
+    "compressor.metadata",
 )
 
 
@@ -33,9 +39,14 @@ class Gate(ReferenceAdapter):
 
 def table_args(params: dict) -> dict:
     """rope.yarn_table's params as precompute_freqs_cis takes them (M:368-389 defaults)."""
-    return {"dim": int(params["dim"]), "base": float(params["base"]),
-            "original_seq_len": int(params.get("original_seq_len", 0)), "factor": float(params.get("factor", 16.0)),
-            "beta_fast": float(params.get("beta_fast", 32.0)), "beta_slow": float(params.get("beta_slow", 1.0))}
+    return {
+        "dim": int(params["dim"]),
+        "base": float(params["base"]),
+        "original_seq_len": int(params.get("original_seq_len", 0)),
+        "factor": float(params.get("factor", 16.0)),
+        "beta_fast": float(params.get("beta_fast", 32.0)),
+        "beta_slow": float(params.get("beta_slow", 1.0)),
+    }
 
 
 def bare(cls: type) -> type:

@@ -42,7 +42,6 @@ M_INIT = -1e30  # sparse_attn running-max start (K41:352-355)
 FP8_BLOCK, FP4_INDEX_BLOCK, FP4_MAIN_BLOCK = 32, 32, 16
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Exact roundings of float64 values
 # ---------------------------------------------------------------------------------------------
@@ -229,8 +228,14 @@ def rotate(x: torch.Tensor, rows: torch.Tensor, rope_dim: int, inverse: bool = F
     return out
 
 
-def yarn_inv_freq(dim: int, base: float, original_seq_len: int = 0, factor: float = 16.0,
-                  beta_fast: float = 32.0, beta_slow: float = 1.0) -> torch.Tensor:
+def yarn_inv_freq(
+    dim: int,
+    base: float,
+    original_seq_len: int = 0,
+    factor: float = 16.0,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+) -> torch.Tensor:
     """float64 [dim/2] inverse frequencies with the YaRN ramp (M:368-389), not rounded."""
     inv = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     if original_seq_len <= 0:
@@ -251,8 +256,15 @@ def table_rows(inv: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1).float().contiguous()
 
 
-def freqs_table(dim: int, seqlen: int, base: float, original_seq_len: int = 0, factor: float = 16.0,
-                beta_fast: float = 32.0, beta_slow: float = 1.0) -> torch.Tensor:
+def freqs_table(
+    dim: int,
+    seqlen: int,
+    base: float,
+    original_seq_len: int = 0,
+    factor: float = 16.0,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+) -> torch.Tensor:
     """The whole table, fp32 [seqlen, dim/2, 2]."""
     inv = yarn_inv_freq(dim, base, original_seq_len, factor, beta_fast, beta_slow)
     return table_rows(inv, torch.arange(seqlen))
@@ -269,8 +281,9 @@ class CompressorStep(NamedTuple):
     ring: torch.Tensor  # fp32 [b, S, 2, hd]
 
 
-def _write_ring(ring: torch.Tensor, x: torch.Tensor, start: int, wkv: torch.Tensor,
-                wgate: torch.Tensor) -> torch.Tensor:
+def _write_ring(
+    ring: torch.Tensor, x: torch.Tensor, start: int, wkv: torch.Tensor, wgate: torch.Tensor
+) -> torch.Tensor:
     """New ring with each position's (score, latent) projections, rounded to fp32 (ring state)."""
     projections = torch.stack([linear64(x, wgate), linear64(x, wkv)], dim=2).float()  # [b, n, 2, hd]
     ring = ring.clone()
@@ -288,8 +301,16 @@ def _pool(ring: torch.Tensor, group: int, ratio: int) -> torch.Tensor:
     return round_bf16((weights * members[:, :, LATENT]).sum(dim=1, keepdim=True))
 
 
-def compressor_step(x: torch.Tensor, start: int, ring: torch.Tensor, wkv: torch.Tensor, wgate: torch.Tensor,
-                    norm_w: torch.Tensor, eps: float, ratio: int) -> CompressorStep:
+def compressor_step(
+    x: torch.Tensor,
+    start: int,
+    ring: torch.Tensor,
+    wkv: torch.Tensor,
+    wgate: torch.Tensor,
+    norm_w: torch.Tensor,
+    eps: float,
+    ratio: int,
+) -> CompressorStep:
     """Positions start .. start+n-1 of x bf16 [b, n, dim]: write them, pool the groups they complete."""
     groups = range(start // ratio, (start + x.shape[1]) // ratio)
     positions = torch.tensor([j * ratio for j in groups], dtype=torch.int64)
@@ -307,13 +328,27 @@ def compressor_step(x: torch.Tensor, start: int, ring: torch.Tensor, wkv: torch.
 # ---------------------------------------------------------------------------------------------
 
 
-KV_FINISH_OUTPUTS = ("main", "main_rope", "main_packed", "main_scale_bytes", "index_k", "index_norm", "index_packed",
-                     "index_scale_bytes")
+KV_FINISH_OUTPUTS = (
+    "main",
+    "main_rope",
+    "main_packed",
+    "main_scale_bytes",
+    "index_k",
+    "index_norm",
+    "index_packed",
+    "index_scale_bytes",
+)
 
 
-def kv_finish(latent: torch.Tensor, positions: torch.Tensor, table: torch.Tensor, rope_dim: int,
-              wk: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
-              eps: float = 1e-20) -> KvFinish:
+def kv_finish(
+    latent: torch.Tensor,
+    positions: torch.Tensor,
+    table: torch.Tensor,
+    rope_dim: int,
+    wk: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    eps: float = 1e-20,
+) -> KvFinish:
     """Main row: RoPE at the group's first position, fp4/e4m3 QDQ. Index key (with wk):
     k_norm(wk(latent)), RoPE, fp4/e8m0 QDQ. latent bf16 [b, G, hd], positions int64 [G]."""
     rows = table[positions]
@@ -324,8 +359,17 @@ def kv_finish(latent: torch.Tensor, positions: torch.Tensor, table: torch.Tensor
     index_norm = rms_norm(linear_bf16(latent, wk), k_norm, eps)
     index_rope = rotate(index_norm, rows, rope_dim)
     index = fp4_e8m0(index_rope)
-    return KvFinish(main.y, main_rope, pack_nibbles(main.codes), main.scale_bytes,
-                        index.y, index_norm, pack_nibbles(index.codes), index.scale_bytes, index_rope)
+    return KvFinish(
+        main.y,
+        main_rope,
+        pack_nibbles(main.codes),
+        main.scale_bytes,
+        index.y,
+        index_norm,
+        pack_nibbles(index.codes),
+        index.scale_bytes,
+        index_rope,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,7 +379,7 @@ def kv_finish(latent: torch.Tensor, positions: torch.Tensor, table: torch.Tensor
 
 def head_weights(x: torch.Tensor, weights_proj: torch.Tensor, index_head_dim: int) -> torch.Tensor:
     """bf16 weights_proj(x), then times index_head_dim^-0.5 * H^-0.5 rounded once to bf16 (M:555)."""
-    multiplier = index_head_dim ** -0.5 * weights_proj.shape[0] ** -0.5
+    multiplier = index_head_dim**-0.5 * weights_proj.shape[0] ** -0.5
     return round_bf16(linear_bf16(x, weights_proj).double() * multiplier)
 
 
@@ -384,9 +428,20 @@ class IndexerOutput(NamedTuple):
     query: torch.Tensor  # after RoPE, before its fp4 round trip
 
 
-def indexer_forward(x: torch.Tensor, qr: torch.Tensor, keys: torch.Tensor, start: int, ratio: int,
-                    wq_b: torch.Tensor, weights_proj: torch.Tensor, freqs: torch.Tensor, rope_dim: int,
-                    index_topk: int, offset, candidates: torch.Tensor | None = None) -> IndexerOutput:
+def indexer_forward(
+    x: torch.Tensor,
+    qr: torch.Tensor,
+    keys: torch.Tensor,
+    start: int,
+    ratio: int,
+    wq_b: torch.Tensor,
+    weights_proj: torch.Tensor,
+    freqs: torch.Tensor,
+    rope_dim: int,
+    index_topk: int,
+    offset,
+    candidates: torch.Tensor | None = None,
+) -> IndexerOutput:
     """One indexer forward over x bf16 [b, S, dim]; freqs holds the (cos, sin) rows of positions
     start .. start+S-1; keys the published index keys, of which [:b, :T] are read."""
     b, S, _ = x.shape
@@ -418,8 +473,9 @@ def candidate_mask(logits: torch.Tensor, lens: torch.Tensor, topk_blocks: int, b
 # ---------------------------------------------------------------------------------------------
 
 
-def sparse_attn(q: torch.Tensor, kv: torch.Tensor, attn_sink: torch.Tensor, ids: torch.Tensor,
-                softmax_scale: float) -> torch.Tensor:
+def sparse_attn(
+    q: torch.Tensor, kv: torch.Tensor, attn_sink: torch.Tensor, ids: torch.Tensor, softmax_scale: float
+) -> torch.Tensor:
     """Tiles of 64 lanes in row order, running max from -1e30, bf16 P before P.V (as upstream);
     scores, exp, sums and the accumulator in float64; one rounding of acc / L to bf16."""
     b, m, h, d = q.shape
@@ -429,7 +485,7 @@ def sparse_attn(q: torch.Tensor, kv: torch.Tensor, attn_sink: torch.Tensor, ids:
     acc = torch.zeros((b, m, h, d), dtype=torch.float64)
     batch = torch.arange(b).view(-1, 1, 1)
     for t0 in range(0, ids.shape[-1], TILE):
-        lanes = ids[:, :, t0:t0 + TILE]
+        lanes = ids[:, :, t0 : t0 + TILE]
         present = lanes >= 0  # [b, m, t]
         rows = kv[batch, lanes.long().clamp(min=0)].double() * present.unsqueeze(-1)  # [b, m, t, d]
         s = torch.einsum("bmhd,bmtd->bmht", q64, rows) * softmax_scale
@@ -460,9 +516,10 @@ def _attention_compressor_step(x, start, ring, weights, ratio):
 
 
 def _attention_indexer(x, qr, keys, start, ratio, weights, table, rope_dim, index_topk, offset, candidates=None):
-    freqs = table[start:start + x.shape[1]]
-    return indexer_forward(x, qr, keys, start, ratio, weights.wq_b, weights.weights_proj, freqs, rope_dim,
-                           index_topk, offset, candidates)
+    freqs = table[start : start + x.shape[1]]
+    return indexer_forward(
+        x, qr, keys, start, ratio, weights.wq_b, weights.weights_proj, freqs, rope_dim, index_topk, offset, candidates
+    )
 
 
 def _attention_candidates(logits, lens, topk_blocks, block):
@@ -489,9 +546,14 @@ ATTENTION_ARITHMETIC = {
 
 
 def _yarn_table(inputs, params):
-    inv = yarn_inv_freq(int(params["dim"]), float(params["base"]), int(params.get("original_seq_len", 0)),
-                        float(params.get("factor", 16.0)), float(params.get("beta_fast", 32.0)),
-                        float(params.get("beta_slow", 1.0)))
+    inv = yarn_inv_freq(
+        int(params["dim"]),
+        float(params["base"]),
+        int(params.get("original_seq_len", 0)),
+        float(params.get("factor", 16.0)),
+        float(params.get("beta_fast", 32.0)),
+        float(params.get("beta_slow", 1.0)),
+    )
     return {"inv_freq": inv.float(), "table": table_rows(inv, inputs["positions"])}
 
 
@@ -520,15 +582,30 @@ def _quantiser(fn):
 
 
 def _compressor(inputs, params):
-    step = compressor_step(inputs["x"], int(params["start"]), inputs["ring"], inputs["wkv"], inputs["wgate"],
-                           inputs["norm_w"], float(params.get("eps", 1e-20)), int(params.get("ratio", 2)))
+    step = compressor_step(
+        inputs["x"],
+        int(params["start"]),
+        inputs["ring"],
+        inputs["wkv"],
+        inputs["wgate"],
+        inputs["norm_w"],
+        float(params.get("eps", 1e-20)),
+        int(params.get("ratio", 2)),
+    )
     return step._asdict()
 
 
 def _kv_finish(inputs, params):
     ratio = int(params.get("ratio", 2))
-    rows = kv_finish(inputs["latent"], inputs["groups"] * ratio, inputs["table"], int(params["rope_dim"]),
-                     inputs["wk"], inputs["k_norm_w"], float(params.get("eps", 1e-20)))
+    rows = kv_finish(
+        inputs["latent"],
+        inputs["groups"] * ratio,
+        inputs["table"],
+        int(params["rope_dim"]),
+        inputs["wk"],
+        inputs["k_norm_w"],
+        float(params.get("eps", 1e-20)),
+    )
     return {name: getattr(rows, name) for name in KV_FINISH_OUTPUTS}
 
 
@@ -555,27 +632,48 @@ def _indexer_select(inputs, params):
 
 
 def _indexer(inputs, params):
-    out = indexer_forward(inputs["x"], inputs["qr"], inputs["index_k_cache"], int(params["start"]),
-                          int(params["ratio"]), weight_input(inputs, "wq_b"), inputs["weights_proj"], inputs["freqs"],
-                          int(params["rope_dim"]), int(params["index_topk"]), int(params.get("offset", 0)),
-                          inputs["candidates"])
+    out = indexer_forward(
+        inputs["x"],
+        inputs["qr"],
+        inputs["index_k_cache"],
+        int(params["start"]),
+        int(params["ratio"]),
+        weight_input(inputs, "wq_b"),
+        inputs["weights_proj"],
+        inputs["freqs"],
+        int(params["rope_dim"]),
+        int(params["index_topk"]),
+        int(params.get("offset", 0)),
+        inputs["candidates"],
+    )
     return {"ids": _leak_policy(out.ids, inputs["candidates"], params), "scores": out.scores, "index_q": out.query}
 
 
 def _candidates_select(inputs, params):
-    return {"mask": candidate_mask(inputs["logits"], inputs["compress_lens"], int(params["topk_blocks"]),
-                                   int(params["block_size"]))}
+    return {
+        "mask": candidate_mask(
+            inputs["logits"], inputs["compress_lens"], int(params["topk_blocks"]), int(params["block_size"])
+        )
+    }
 
 
 def _topk(inputs, params):
-    top = torch.topk(inputs["values"], int(params["k"]), dim=-1, largest=bool(params.get("largest", True)),
-                     sorted=bool(params.get("sorted", True)))
+    top = torch.topk(
+        inputs["values"],
+        int(params["k"]),
+        dim=-1,
+        largest=bool(params.get("largest", True)),
+        sorted=bool(params.get("sorted", True)),
+    )
     return {"values": top.values, "indices": top.indices}
 
 
 def _sparse_attn(inputs, params):
-    return {"o": sparse_attn(inputs["q"], inputs["kv"], inputs["attn_sink"], inputs["topk_idxs"],
-                             float(params["softmax_scale"]))}
+    return {
+        "o": sparse_attn(
+            inputs["q"], inputs["kv"], inputs["attn_sink"], inputs["topk_idxs"], float(params["softmax_scale"])
+        )
+    }
 
 
 def fp8_weight64(codes: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:

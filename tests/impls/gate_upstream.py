@@ -23,7 +23,6 @@ from gate import Gate, bare, table_args
 from v41_conformance import Unsupported
 
 
-
 def _eps(params: dict) -> float:
     return float(params.get("eps", 1e-20))
 
@@ -77,9 +76,16 @@ def kv_finish(inputs, params):
     main = up.fp4_act_quant_e4m3(main_rope)
     index_norm = up.rms_norm(up.linear(latent, inputs["wk"]), inputs["k_norm_w"], _eps(params))
     index = up.fp4_act_quant_e8m0(up.apply_rotary_emb(index_norm, freqs_cis))
-    return {"main": main.y, "main_rope": main_rope, "main_packed": up.pack_nibbles(main.codes),
-            "main_scale_bytes": main.scale_bytes, "index_k": index.y, "index_norm": index_norm,
-            "index_packed": up.pack_nibbles(index.codes), "index_scale_bytes": index.scale_bytes}
+    return {
+        "main": main.y,
+        "main_rope": main_rope,
+        "main_packed": up.pack_nibbles(main.codes),
+        "main_scale_bytes": main.scale_bytes,
+        "index_k": index.y,
+        "index_norm": index_norm,
+        "index_packed": up.pack_nibbles(index.codes),
+        "index_scale_bytes": index.scale_bytes,
+    }
 
 
 # --- indexer, candidates, top-k ----------------------------------------------------------------
@@ -110,26 +116,47 @@ def indexer_select(inputs, params):
 def indexer_forward(inputs, params):
     candidates = inputs["candidates"]
     ids, scores, query = up.indexer_forward(
-        inputs["x"], inputs["qr"], inputs["index_k_cache"], weight(inputs, "wq_b"), inputs["weights_proj"],
-        _as_complex(inputs["freqs"]), int(params["start"]), int(params["ratio"]), int(params["index_topk"]),
-        int(params.get("offset", 0)), candidates, with_query=True)
+        inputs["x"],
+        inputs["qr"],
+        inputs["index_k_cache"],
+        weight(inputs, "wq_b"),
+        inputs["weights_proj"],
+        _as_complex(inputs["freqs"]),
+        int(params["start"]),
+        int(params["ratio"]),
+        int(params["index_topk"]),
+        int(params.get("offset", 0)),
+        candidates,
+        with_query=True,
+    )
     return {"ids": _leak_policy(ids, candidates, params), "scores": scores, "index_q": query}
 
 
 def candidates_select(inputs, params):
-    return {"mask": up.select_candidate_blocks(inputs["logits"], inputs["compress_lens"],
-                                               int(params["topk_blocks"]), int(params["block_size"]))}
+    return {
+        "mask": up.select_candidate_blocks(
+            inputs["logits"], inputs["compress_lens"], int(params["topk_blocks"]), int(params["block_size"])
+        )
+    }
 
 
 def topk_torch_cpu(inputs, params):
-    top = torch.topk(inputs["values"], int(params["k"]), dim=-1, largest=bool(params.get("largest", True)),
-                     sorted=bool(params.get("sorted", True)))
+    top = torch.topk(
+        inputs["values"],
+        int(params["k"]),
+        dim=-1,
+        largest=bool(params.get("largest", True)),
+        sorted=bool(params.get("sorted", True)),
+    )
     return {"values": top.values, "indices": top.indices}
 
 
 def sparse_attn(inputs, params):
-    return {"o": up.sparse_attn(inputs["q"], inputs["kv"], inputs["attn_sink"], inputs["topk_idxs"],
-                                float(params["softmax_scale"]))}
+    return {
+        "o": up.sparse_attn(
+            inputs["q"], inputs["kv"], inputs["attn_sink"], inputs["topk_idxs"], float(params["softmax_scale"])
+        )
+    }
 
 
 # --- compressor ----------------------------------------------------------------------------------
@@ -153,12 +180,21 @@ def compressor(inputs, params):
     ratio = int(params.get("ratio", 2))
     if ratio == 2:
         check_upstream_schedule(params["schedule"])
-    step = up.compressor_forward(inputs["x"], int(params["start"]), inputs["ring"], ratio, inputs["wkv"],
-                                 inputs["norm_w"], _eps(params), inputs.get("wgate"))
+    step = up.compressor_forward(
+        inputs["x"],
+        int(params["start"]),
+        inputs["ring"],
+        ratio,
+        inputs["wkv"],
+        inputs["norm_w"],
+        _eps(params),
+        inputs.get("wgate"),
+    )
     return step._asdict()
 
 
 # --- the implementation ------------------------------------------------------------------------
+
 
 def linear_fp8(inputs, params):
     y, q = up.fp8_linear(inputs["x"], inputs["weight"], inputs["weight_scale"])

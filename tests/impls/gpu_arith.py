@@ -31,7 +31,7 @@ F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
 LOG2E_F32 = torch.tensor(math.log2(math.e), dtype=F32)  # log2(e) as a kernel holds it: one fp32 constant
 M_INIT = up.ATTN_MAX_INIT
 TC_BITS = 14  # significant bits an H800 fp8 tensor core keeps while it accumulates (DeepSeek-V3 report, §3.3.2)
-FP32_TINY = 2.0 ** -126  # smallest normal fp32: .ftz instructions flush anything below to zero
+FP32_TINY = 2.0**-126  # smallest normal fp32: .ftz instructions flush anything below to zero
 # Elements of one tile of a GEMM model's running sums: torch runs an elementwise op of at most 32768
 # elements on one thread, in cache; larger ones are split across threads, whose synchronisation per
 # op dominates these long loops of small ops (30x slower on a busy machine). Speed only.
@@ -416,8 +416,9 @@ class Partial(NamedTuple):
     top: torch.Tensor
 
 
-def online_softmax(q: torch.Tensor, kv: torch.Tensor, ids: torch.Tensor, scale: float, arith: SoftmaxArith,
-                   tile: int = up.ATTN_TILE) -> Partial:
+def online_softmax(
+    q: torch.Tensor, kv: torch.Tensor, ids: torch.Tensor, scale: float, arith: SoftmaxArith, tile: int = up.ATTN_TILE
+) -> Partial:
     """The running-max softmax over `ids` [b, m, K] in tiles of `tile` lanes (K41:296-403's loop):
     fp32 scores, P rounded to bf16 before P·V, fp32 accumulators. Folded: scores times fp32(scale *
     log2 e) and exp2 (the max and P in log2 units); else scores times scale and exp, as upstream."""
@@ -429,7 +430,7 @@ def online_softmax(q: torch.Tensor, kv: torch.Tensor, ids: torch.Tensor, scale: 
     l = torch.zeros((b, m, h), dtype=F32)
     acc = torch.zeros((b, m, h, d), dtype=F32)
     for lo in range(0, ids.shape[-1], tile):
-        rows, present = up._gather_tile(kv, ids[..., lo:lo + tile])
+        rows, present = up._gather_tile(kv, ids[..., lo : lo + tile])
         s = torch.einsum("bmhd,bmtd->bmht", qf, rows) * mult
         s = s.masked_fill(~present.unsqueeze(2), float("-inf"))
         new_top = torch.maximum(top, s.amax(-1))
@@ -460,8 +461,14 @@ def partition_bounds(lanes: int, max_splits: int, tile: int = up.ATTN_TILE) -> l
     return [(a, c) for a, c in zip(cuts, cuts[1:]) if c > a]
 
 
-def sparse_attention(q: torch.Tensor, kv: torch.Tensor, attn_sink: torch.Tensor, ids: torch.Tensor,
-                     softmax_scale: float, arith: SoftmaxArith) -> torch.Tensor:
+def sparse_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    attn_sink: torch.Tensor,
+    ids: torch.Tensor,
+    softmax_scale: float,
+    arith: SoftmaxArith,
+) -> torch.Tensor:
     """Sparse attention with a sink (upstream semantics, K41:296-403: the sink adds exp(sink - max) to
     the denominator only) in the arithmetic `arith` describes. bf16 [b, m, h, d].
 
@@ -697,8 +704,11 @@ class IndexLogitsNoFp4K(Fp32IndexLogits):
     index-key cache unrounded; the query keeps its own)."""
 
     def patches(self):
-        return {**super().patches(), (up, "fp4_act_quant_e8m0"): _unrounded,
-                (up, "indexer_forward"): _indexer_query_rounded}
+        return {
+            **super().patches(),
+            (up, "fp4_act_quant_e8m0"): _unrounded,
+            (up, "indexer_forward"): _indexer_query_rounded,
+        }
 
 
 class IndexLogitsHeadSumBf16(GpuGate):
@@ -721,14 +731,27 @@ class MutantSpec(NamedTuple):
     outputs: dict[str, str]
 
 
-GATES: dict[str, type] = {cls.__name__: cls for cls in (
-    Fp8Tc14, Fp8Tc14Aligned, SplitKBf16, Fp32IndexLogits, FlashMlaSparse, SplitKvDecode, FastMath, WarpTree, AllGpu)}
+GATES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (
+        Fp8Tc14,
+        Fp8Tc14Aligned,
+        SplitKBf16,
+        Fp32IndexLogits,
+        FlashMlaSparse,
+        SplitKvDecode,
+        FastMath,
+        WarpTree,
+        AllGpu,
+    )
+}
 
 MUTANTS: dict[str, MutantSpec] = {
     "Fp8Tc14NoPromotion": MutantSpec(Fp8Tc14NoPromotion, "qr", {"linear.fp8": "y"}),
     "Fp8BlockSumsBf16": MutantSpec(Fp8BlockSumsBf16, "qr", {"linear.fp8": "y"}),
     "IndexLogitsNoFp4Q": MutantSpec(IndexLogitsNoFp4Q, "index_scores", {"indexer": "scores"}),
     "IndexLogitsNoFp4K": MutantSpec(IndexLogitsNoFp4K, "index_k_rows", {"kv.finish": "index_k"}),
-    "IndexLogitsHeadSumBf16": MutantSpec(IndexLogitsHeadSumBf16, "index_scores",
-                                         {"indexer.scores": "scores", "indexer": "scores"}),
+    "IndexLogitsHeadSumBf16": MutantSpec(
+        IndexLogitsHeadSumBf16, "index_scores", {"indexer.scores": "scores", "indexer": "scores"}
+    ),
 }

@@ -131,7 +131,10 @@ def on_reference(gate: type) -> type:
 
 
 GATES = {name: on_reference(cls) for name, cls in ga.GATES.items()}
-MUTANTS = {name: on_reference(spec.cls) for name, spec in ga.MUTANTS.items()
-           if name in ("Fp8Tc14NoPromotion", "Fp8BlockSumsBf16", "IndexLogitsHeadSumBf16")}
+MUTANTS = {
+    name: on_reference(spec.cls)
+    for name, spec in ga.MUTANTS.items()
+    if name in ("Fp8Tc14NoPromotion", "Fp8BlockSumsBf16", "IndexLogitsHeadSumBf16")
+}
 globals().update(GATES)
 globals().update(MUTANTS)

@@ -7,7 +7,6 @@ import os
 from v41_conformance.adapters.reference import ReferenceAdapter
 
 
-
 def _parent() -> str:
     """What started this process: 'forkserver' when the fork server forked it (Linux /proc: the
     server's command line, or its name where it is a fork of the `conformance` command)."""
@@ -40,6 +39,8 @@ class Introspect(ReferenceAdapter):
     def run(self, component, inputs, params):
         if component != "norm.rms":
             return super().run(component, inputs, params)
-        raise RuntimeError(f"pid={os.getpid()} ppid={os.getppid()} slot={os.environ.get('CONFORMANCE_SLOT')} "
-                           f"marker={os.environ.get('INTROSPECT_MARKER')} cwd={os.getcwd()} "
-                           f"parent={_parent()} server={_server()}")
+        raise RuntimeError(
+            f"pid={os.getpid()} ppid={os.getppid()} slot={os.environ.get('CONFORMANCE_SLOT')} "
+            f"marker={os.environ.get('INTROSPECT_MARKER')} cwd={os.getcwd()} "
+            f"parent={_parent()} server={_server()}"
+        )

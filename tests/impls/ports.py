@@ -20,8 +20,18 @@ from v41_conformance.reference import kv_finish as ref_kv_finish
 from v41_conformance.reference import sparse_attn as ref_sparse
 
 NINF = float("-inf")
-ORIGINAL = {name: getattr(up, name) for name in ("sparse_attn", "rms_norm", "apply_rotary_emb", "e2m1_code",
-                                                  "act_quant", "yarn_inv_freq", "index_scores")}
+ORIGINAL = {
+    name: getattr(up, name)
+    for name in (
+        "sparse_attn",
+        "rms_norm",
+        "apply_rotary_emb",
+        "e2m1_code",
+        "act_quant",
+        "yarn_inv_freq",
+        "index_scores",
+    )
+}
 
 
 class Patched(UpstreamTorch):
@@ -216,8 +226,13 @@ class TokenByToken(UpstreamTorch):
         rows = []
         for i in range(S):  # each token alone at start + i, its top-k over the rows it sees
             seen = (start + i + 1) // ratio
-            one = {**inputs, "x": inputs["x"][:, i : i + 1], "qr": inputs["qr"][:, i : i + 1],
-                   "freqs": inputs["freqs"][i : i + 1], "candidates": inputs["candidates"][:, i : i + 1, :seen]}
+            one = {
+                **inputs,
+                "x": inputs["x"][:, i : i + 1],
+                "qr": inputs["qr"][:, i : i + 1],
+                "freqs": inputs["freqs"][i : i + 1],
+                "candidates": inputs["candidates"][:, i : i + 1, :seen],
+            }
             ids = super().run(component, one, {**params, "start": start + i})["ids"]
             rows.append(torch.cat([ids, ids.new_full((*ids.shape[:-1], k - ids.shape[-1]), -1)], dim=-1))
         return {**whole, "ids": torch.cat(rows, dim=1)}
@@ -245,8 +260,10 @@ class PolicyAndTies(ReferenceAdapter):
     def run(self, component, inputs, params):
         if component == "attention":
             params = {**params, "index_k_policy": {"upstream": "fixed", "fixed": "upstream"}[params["index_k_policy"]]}
-        with patched(ref_indexer, "torch_cpu_topk", lowest_index_topk), \
-                patched(ref_candidates, "torch_cpu_topk", lowest_index_topk):
+        with (
+            patched(ref_indexer, "torch_cpu_topk", lowest_index_topk),
+            patched(ref_candidates, "torch_cpu_topk", lowest_index_topk),
+        ):
             return super().run(component, inputs, params)
 
 
@@ -260,8 +277,10 @@ class RefNormAndSink(ReferenceAdapter):
     native fp32 kernels) and no sink in the softmax denominator."""
 
     def run(self, component, inputs, params):
-        with patched(ref_attention, "rms_norm", norm_bf16_before_weight), \
-                patched(ref_compressor, "rms_norm", norm_bf16_before_weight), \
-                patched(ref_kv_finish, "rms_norm", norm_bf16_before_weight), \
-                patched(ref_attention, "sparse_attn", sink_left_out):
+        with (
+            patched(ref_attention, "rms_norm", norm_bf16_before_weight),
+            patched(ref_compressor, "rms_norm", norm_bf16_before_weight),
+            patched(ref_kv_finish, "rms_norm", norm_bf16_before_weight),
+            patched(ref_attention, "sparse_attn", sink_left_out),
+        ):
             return super().run(component, inputs, params)

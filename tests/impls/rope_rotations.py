@@ -42,8 +42,12 @@ class _Rotation(ReferenceAdapter):
     rotation = staticmethod(UPSTREAM)
 
     def run(self, component, inputs, params):
-        with patched(rp, "apply_rotary", self.rotation), patched(kf, "apply_rotary", self.rotation), \
-                patched(at, "apply_rotary", self.rotation), patched(ix, "apply_rotary", self.rotation):
+        with (
+            patched(rp, "apply_rotary", self.rotation),
+            patched(kf, "apply_rotary", self.rotation),
+            patched(at, "apply_rotary", self.rotation),
+            patched(ix, "apply_rotary", self.rotation),
+        ):
             return super().run(component, inputs, params)
 
 

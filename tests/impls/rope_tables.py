@@ -89,8 +89,9 @@ class Float64Table(TableImpl):
         dim, base = args["dim"], args["base"]
         inv = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
         if args["original_seq_len"] > 0:
-            low, high = rp.yarn_correction_range(dim, base, args["original_seq_len"], args["beta_fast"],
-                                                 args["beta_slow"])
+            low, high = rp.yarn_correction_range(
+                dim, base, args["original_seq_len"], args["beta_fast"], args["beta_slow"]
+            )
             smooth = 1 - ((torch.arange(dim // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0, 1)
             inv = inv / args["factor"] * (1 - smooth) + inv * smooth
         return inv
@@ -130,7 +131,7 @@ class ScaledTable(TorchPolar):
     """Wrong: every entry 2^-6 too large."""
 
     def cos_sin(self, angle):
-        return super().cos_sin(angle) * (1 + 2.0 ** -6)
+        return super().cos_sin(angle) * (1 + 2.0**-6)
 
 
 WRONG = (ShiftedPositions, SwappedRamp, OtherBase, ScaledTable)

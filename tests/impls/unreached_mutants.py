@@ -26,10 +26,18 @@ from patching import patched
 
 # (module, function, the reference's line as written, the mutant's line)
 SKIP_LINE = (ix, "indexer_forward", "if T == 0:", "if T <= 1:")
-SQUEEZE_LINE = (ix, "select_topk", "ids = torch.where(picked < lens, picked + offset, -1).to(torch.int32)",
-                "ids = torch.where(picked < lens, picked + offset, -1).to(torch.int32).squeeze(-1)")
-CLAMP_LINE = (cd, "restore_candidates", "rows.gather(-1, c.clamp(max=max(kept.shape[-1] - 1, 0)))",
-              "rows.gather(-1, c.clamp(max=max(kept.shape[-1] - 2, 0)))")
+SQUEEZE_LINE = (
+    ix,
+    "select_topk",
+    "ids = torch.where(picked < lens, picked + offset, -1).to(torch.int32)",
+    "ids = torch.where(picked < lens, picked + offset, -1).to(torch.int32).squeeze(-1)",
+)
+CLAMP_LINE = (
+    cd,
+    "restore_candidates",
+    "rows.gather(-1, c.clamp(max=max(kept.shape[-1] - 1, 0)))",
+    "rows.gather(-1, c.clamp(max=max(kept.shape[-1] - 2, 0)))",
+)
 
 
 def mutated(module: ModuleType, name: str, line: str, replacement: str) -> FunctionType:
@@ -39,10 +47,17 @@ def mutated(module: ModuleType, name: str, line: str, replacement: str) -> Funct
     reference does (and sees their patches)."""
     source = textwrap.dedent(inspect.getsource(getattr(module, name)))
     if source.count(line) != 1:
-        raise AssertionError(f"{module.__name__}.{name}: expected the line {line!r} exactly once; "
-                             "the reference changed, update the mutant")
-    code = compile(source.replace(line, replacement), inspect.getsourcefile(module), "exec",
-                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
+        raise AssertionError(
+            f"{module.__name__}.{name}: expected the line {line!r} exactly once; "
+            "the reference changed, update the mutant"
+        )
+    code = compile(
+        source.replace(line, replacement),
+        inspect.getsourcefile(module),
+        "exec",
+        flags=__future__.annotations.compiler_flag,
+        dont_inherit=True,
+    )
     scope: dict = {}
     exec(code, vars(module), scope)  # noqa: S102 - the reference's own source, one line changed
     return scope[name]

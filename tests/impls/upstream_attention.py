@@ -27,22 +27,30 @@ def attention_call(inputs: dict, params: dict) -> dict:
     """Upstream `Attention.forward` (M:765-789) of layer params.layer over x bf16 [b, S, dim], with
     its values at the decision points as intermediates (qr, kv, index_q, index_scores, o, z, ...)."""
     if params.get("generalisation"):
-        raise Unsupported(f"schedule {params['schedule_name']} is the harness's generalisation (§10.3): upstream "
-                          "defines only a prefill at position 0 followed by single-token decode steps")
+        raise Unsupported(
+            f"schedule {params['schedule_name']} is the harness's generalisation (§10.3): upstream "
+            "defines only a prefill at position 0 followed by single-token decode steps"
+        )
     cfg, role = config_of(params), LayerRole(**params["role"])
     start, x = int(params["start"]), inputs["x"]
     freqs_cis = up.precompute_freqs_cis(**rope_params(cfg, role.ratio))
-    freqs = freqs_cis[start:start + x.shape[1]]
+    freqs = freqs_cis[start : start + x.shape[1]]
     qr = up.rms_norm(up.linear(x, weight(inputs, "wq_a")), inputs["q_norm"], cfg.norm_eps)
     q = up.apply_rotary_emb(up.linear(qr, weight(inputs, "wq_b")).unflatten(-1, (cfg.n_heads, cfg.head_dim)), freqs)
-    kv_pre = up.apply_rotary_emb(up.rms_norm(up.linear(x, weight(inputs, "wkv")), inputs["kv_norm"], cfg.norm_eps),
-                                 freqs)
+    kv_pre = up.apply_rotary_emb(
+        up.rms_norm(up.linear(x, weight(inputs, "wkv")), inputs["kv_norm"], cfg.norm_eps), freqs
+    )
     kv = up.act_quant(kv_pre).y
     window_kv, window_ids, window = window_part(inputs["window"], kv, start)
     out = {"window": window, "window_ids": window_ids, "qr": qr, "kv": kv_pre}
     compressed_kv, compressed_ids = _compressed_part(inputs, params, cfg, role, qr, freqs_cis, window_kv.shape[1], out)
-    o = up.sparse_attn(q, torch.cat([window_kv, compressed_kv], dim=1), inputs["attn_sink"],
-                       torch.cat([window_ids, compressed_ids], dim=-1), cfg.softmax_scale)
+    o = up.sparse_attn(
+        q,
+        torch.cat([window_kv, compressed_kv], dim=1),
+        inputs["attn_sink"],
+        torch.cat([window_ids, compressed_ids], dim=-1),
+        cfg.softmax_scale,
+    )
     out["o"] = up.apply_rotary_emb(o, freqs, inverse=True)
     out["z"] = output_rank(out["o"], inputs, cfg)
     out["out"] = up.linear(out["z"], weight(inputs, "wo_b"))
@@ -69,8 +77,16 @@ def _slot(inputs: dict, out: dict, name: str) -> torch.Tensor:
     return out[key] if key in out else inputs[key]
 
 
-def _compressed_part(inputs: dict, params: dict, cfg: AttnConfig, role: LayerRole, qr: torch.Tensor,
-                     freqs_cis: torch.Tensor, offset: int, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def _compressed_part(
+    inputs: dict,
+    params: dict,
+    cfg: AttnConfig,
+    role: LayerRole,
+    qr: torch.Tensor,
+    freqs_cis: torch.Tensor,
+    offset: int,
+    out: dict,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(compressed KV rows [b, T, hd], compressed ids int32 [b, S, k]) of a ratio > 0 layer (M:722-763);
     the layer's new state and its publications go into `out`. Ratio 0: nothing."""
     x = inputs["x"]
@@ -81,17 +97,26 @@ def _compressed_part(inputs: dict, params: dict, cfg: AttnConfig, role: LayerRol
     if role.is_kv_source:
         _compress(inputs, cfg, role, start, freqs_cis, params["index_k_policy"], out)
     if role.is_index_source:
-        _select(inputs, cfg, role, qr, start, freqs_cis[start:start + S], offset, out)
+        _select(inputs, cfg, role, qr, start, freqs_cis[start : start + S], offset, out)
     ids = _slot(inputs, out, "topk_idxs")
-    return _slot(inputs, out, "compress_kv")[:b, :(start + S) // role.ratio], ids
+    return _slot(inputs, out, "compress_kv")[:b, : (start + S) // role.ratio], ids
 
 
-def _compress(inputs: dict, cfg: AttnConfig, role: LayerRole, start: int, freqs_cis: torch.Tensor, policy: str,
-              out: dict) -> None:
+def _compress(
+    inputs: dict, cfg: AttnConfig, role: LayerRole, start: int, freqs_cis: torch.Tensor, policy: str, out: dict
+) -> None:
     """A kv source (M:739-763, M:537-548): Compressor, the latent's RoPE + fp4 e4m3 row and, for a key
     owner, the index key's fp4 e8m0 row, both at the group's first position; cache writes; publication."""
-    step = up.compressor_forward(inputs["x"], start, inputs["comp_ring"], role.ratio, inputs["comp.wkv"],
-                                 inputs["comp.norm"], cfg.norm_eps, inputs.get("comp.wgate"))
+    step = up.compressor_forward(
+        inputs["x"],
+        start,
+        inputs["comp_ring"],
+        role.ratio,
+        inputs["comp.wkv"],
+        inputs["comp.norm"],
+        cfg.norm_eps,
+        inputs.get("comp.wgate"),
+    )
     groups, freqs = step.row_positions // role.ratio, freqs_cis[step.row_positions]
     compress_kv = inputs["compress_kv"].clone()
     out["latent"] = step.rows
@@ -109,8 +134,16 @@ def _compress(inputs: dict, cfg: AttnConfig, role: LayerRole, start: int, freqs_
         out["rt.index_k"] = index_k
 
 
-def _select(inputs: dict, cfg: AttnConfig, role: LayerRole, qr: torch.Tensor, start: int, freqs: torch.Tensor,
-            offset: int, out: dict) -> None:
+def _select(
+    inputs: dict,
+    cfg: AttnConfig,
+    role: LayerRole,
+    qr: torch.Tensor,
+    start: int,
+    freqs: torch.Tensor,
+    offset: int,
+    out: dict,
+) -> None:
     """An index source (M:722-737, M:550-580): its selection, and the candidate source's block mask."""
     x = inputs["x"]
     b, S, _ = x.shape
@@ -120,14 +153,26 @@ def _select(inputs: dict, cfg: AttnConfig, role: LayerRole, qr: torch.Tensor, st
         ids = torch.zeros(b, S, 0, dtype=torch.int32)
     else:
         consumed = inputs["rt.candidates"] if role.candidate_source is not None else None
-        ids, scores, out["index_q"] = up.indexer_forward(x, qr, _slot(inputs, out, "index_k"), weight(inputs, "idx.wq_b"),
-                                                         inputs["idx.weights_proj"], freqs, start, role.ratio,
-                                                         cfg.index_topk, offset, consumed, with_query=True)
+        ids, scores, out["index_q"] = up.indexer_forward(
+            x,
+            qr,
+            _slot(inputs, out, "index_k"),
+            weight(inputs, "idx.wq_b"),
+            inputs["idx.weights_proj"],
+            freqs,
+            start,
+            role.ratio,
+            cfg.index_topk,
+            offset,
+            consumed,
+            with_query=True,
+        )
         lens = up.query_compress_lens(start, S, role.ratio)
         out["index_scores"] = up.mask_invisible(scores, lens)
         if role.is_candidate_source:
-            candidates = up.select_candidate_blocks(out["index_scores"], lens,
-                                                    cfg.candidate_topk_blocks, cfg.candidate_block_size)
+            candidates = up.select_candidate_blocks(
+                out["index_scores"], lens, cfg.candidate_topk_blocks, cfg.candidate_block_size
+            )
             out["rt.candidates"] = candidates
     if role.is_candidate_source:
         out["candidates"] = candidates

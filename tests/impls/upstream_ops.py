@@ -62,8 +62,9 @@ def linear(x: torch.Tensor, w) -> torch.Tensor:
 # --- RoPE -------------------------------------------------------------------------------------
 
 
-def yarn_inv_freq(dim: int, base: float, original_seq_len: int, factor: float,
-                  beta_fast: float, beta_slow: float) -> torch.Tensor:
+def yarn_inv_freq(
+    dim: int, base: float, original_seq_len: int, factor: float, beta_fast: float, beta_slow: float
+) -> torch.Tensor:
     """fp32 [dim/2] inverse frequencies with the YaRN blend when original_seq_len > 0 (M:368-385)."""
     freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
     if original_seq_len <= 0:
@@ -74,8 +75,9 @@ def yarn_inv_freq(dim: int, base: float, original_seq_len: int, factor: float,
     return freqs / factor * (1 - smooth) + freqs * smooth
 
 
-def _yarn_correction_range(dim: int, base: float, original_seq_len: int,
-                           beta_fast: float, beta_slow: float) -> tuple[int, int]:
+def _yarn_correction_range(
+    dim: int, base: float, original_seq_len: int, beta_fast: float, beta_slow: float
+) -> tuple[int, int]:
     """(low, high) pair indices of the YaRN ramp, in Python double (M:376-381)."""
 
     def corr(rotations: float) -> float:
@@ -84,8 +86,9 @@ def _yarn_correction_range(dim: int, base: float, original_seq_len: int,
     return max(math.floor(corr(beta_fast)), 0), min(math.ceil(corr(beta_slow)), dim - 1)
 
 
-def precompute_freqs_cis(dim: int, seqlen: int, original_seq_len: int, base: float, factor: float,
-                         beta_fast: float, beta_slow: float) -> torch.Tensor:
+def precompute_freqs_cis(
+    dim: int, seqlen: int, original_seq_len: int, base: float, factor: float, beta_fast: float, beta_slow: float
+) -> torch.Tensor:
     """complex64 [seqlen, dim/2] = polar(1, outer(arange(seqlen), inv_freq)) (M:368-389)."""
     inv = yarn_inv_freq(dim, base, original_seq_len, factor, beta_fast, beta_slow)
     return freqs_cis_rows(torch.arange(seqlen), inv)
@@ -153,8 +156,9 @@ def act_quant(x: torch.Tensor, block: int = FP8_BLOCK) -> Quantised:
     return Quantised(y, q.view(torch.uint8).flatten(-2), e8m0_byte(scale))
 
 
-def fp8_linear(x: torch.Tensor, w_codes: torch.Tensor, w_scale_bytes: torch.Tensor,
-               promote: int = FP8_BLOCK) -> tuple[torch.Tensor, Quantised]:
+def fp8_linear(
+    x: torch.Tensor, w_codes: torch.Tensor, w_scale_bytes: torch.Tensor, promote: int = FP8_BLOCK
+) -> tuple[torch.Tensor, Quantised]:
     """`linear()` with an fp8 weight (M:181-207): act_quant, then fp8_gemm (K41:202-293) in fp32
     torch ops: per K block of 32 an fp32 matmul of the e4m3 values (torch's order), times the
     activation and tile scales, added to an fp32 accumulator; bf16 out. Returns (y, the act_quant).
@@ -167,7 +171,9 @@ def fp8_linear(x: torch.Tensor, w_codes: torch.Tensor, w_scale_bytes: torch.Tens
     qa = q.codes.view(torch.float8_e4m3fn).float().reshape(-1, nb, FP8_BLOCK).transpose(0, 1).contiguous()
     qw = w_codes.view(torch.float8_e4m3fn).float().T.reshape(nb, FP8_BLOCK, n)  # [K/32, 32, N]
     sa = (q.scale_bytes.to(torch.int32) << 23).view(torch.float32).reshape(-1, nb)
-    sw = (w_scale_bytes.to(torch.int32) << 23).view(torch.float32).repeat_interleave(FP8_BLOCK, dim=0)[:n].T.contiguous()
+    sw = (
+        (w_scale_bytes.to(torch.int32) << 23).view(torch.float32).repeat_interleave(FP8_BLOCK, dim=0)[:n].T.contiguous()
+    )
     m = qa.shape[1]
     acc, block = torch.zeros(m, n, device=qa.device), torch.empty(m, n, device=qa.device)
     local = torch.zeros(m, n, device=qa.device) if per > 1 else None
@@ -218,8 +224,9 @@ def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
 # --- sparse attention (kernel.py) ---------------------------------------------------------------
 
 
-def sparse_attn(q: torch.Tensor, kv: torch.Tensor, attn_sink: torch.Tensor, topk_idxs: torch.Tensor,
-                softmax_scale: float) -> torch.Tensor:
+def sparse_attn(
+    q: torch.Tensor, kv: torch.Tensor, attn_sink: torch.Tensor, topk_idxs: torch.Tensor, softmax_scale: float
+) -> torch.Tensor:
     """sparse_attn kernel arithmetic (K41:296-403): fp32 running max over 64-lane tiles, bf16 P.
 
     q bf16 [b, m, h, d]; kv bf16 [b, n, d] (K = V); attn_sink fp32 [h]; topk_idxs int32 [b, m, K].
@@ -231,7 +238,7 @@ def sparse_attn(q: torch.Tensor, kv: torch.Tensor, attn_sink: torch.Tensor, topk
     denom = torch.zeros((b, m, h), dtype=torch.float32, device=q.device)
     acc = torch.zeros((b, m, h, d), dtype=torch.float32, device=q.device)
     for lo in range(0, topk_idxs.shape[-1], ATTN_TILE):
-        rows, present = _gather_tile(kv, topk_idxs[..., lo:lo + ATTN_TILE])
+        rows, present = _gather_tile(kv, topk_idxs[..., lo : lo + ATTN_TILE])
         scores = torch.einsum("bmhd,bmtd->bmht", qf, rows) * scale
         scores = scores.masked_fill(~present.unsqueeze(2), NINF)
         new_max = torch.maximum(run_max, scores.amax(-1))
@@ -259,7 +266,7 @@ def _gather_tile(kv: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, tor
 def index_head_weights(x: torch.Tensor, weights_proj: torch.Tensor, index_head_dim: int) -> torch.Tensor:
     """w = weights_proj(x) * (index_head_dim^-0.5 * index_n_heads^-0.5), bf16 (M:555)."""
     index_n_heads = weights_proj.shape[0]
-    return linear(x, weights_proj) * (index_head_dim ** -0.5 * index_n_heads ** -0.5)
+    return linear(x, weights_proj) * (index_head_dim**-0.5 * index_n_heads**-0.5)
 
 
 def index_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -278,8 +285,13 @@ def mask_invisible(scores: torch.Tensor, compress_lens: torch.Tensor) -> torch.T
     return scores.masked_fill(torch.arange(scores.shape[-1]) >= compress_lens.view(-1, 1), NINF)
 
 
-def select_topk(scores: torch.Tensor, compress_lens: torch.Tensor, index_topk: int, offset: int,
-                candidates: torch.Tensor | None = None) -> torch.Tensor:
+def select_topk(
+    scores: torch.Tensor,
+    compress_lens: torch.Tensor,
+    index_topk: int,
+    offset: int,
+    candidates: torch.Tensor | None = None,
+) -> torch.Tensor:
     """int32 [b, S, min(index_topk, T)] ids: visibility, candidate mask, top-k, sort, where (M:563-580)."""
     T = scores.shape[-1]
     lens = compress_lens.view(-1, 1)
@@ -299,9 +311,20 @@ def drop_non_candidates(ids: torch.Tensor, candidates: torch.Tensor, offset: int
     return torch.where(keep.gather(-1, order), ids.gather(-1, order), -1)
 
 
-def indexer_forward(x: torch.Tensor, qr: torch.Tensor, index_k: torch.Tensor, wq_b: torch.Tensor,
-                    weights_proj: torch.Tensor, freqs_cis: torch.Tensor, start: int, ratio: int,
-                    index_topk: int, offset: int, candidates: torch.Tensor | None, with_query: bool = False):
+def indexer_forward(
+    x: torch.Tensor,
+    qr: torch.Tensor,
+    index_k: torch.Tensor,
+    wq_b: torch.Tensor,
+    weights_proj: torch.Tensor,
+    freqs_cis: torch.Tensor,
+    start: int,
+    ratio: int,
+    index_topk: int,
+    offset: int,
+    candidates: torch.Tensor | None,
+    with_query: bool = False,
+):
     """Indexer.forward query side (M:550-580) -> (ids int32 [b, S, k], scores bf16 [b, S, T]), and
     with `with_query` the query before its fp4 round trip (bf16 [b, S, H, D]) as well."""
     b, S, _ = x.shape
@@ -318,8 +341,9 @@ def indexer_forward(x: torch.Tensor, qr: torch.Tensor, index_k: torch.Tensor, wq
     return (ids, scores, query) if with_query else (ids, scores)
 
 
-def select_candidate_blocks(logits: torch.Tensor, compress_lens: torch.Tensor, topk_blocks: int,
-                            block_size: int) -> torch.Tensor:
+def select_candidate_blocks(
+    logits: torch.Tensor, compress_lens: torch.Tensor, topk_blocks: int, block_size: int
+) -> torch.Tensor:
     """bool [..., S, W] rows of the kept blocks (M:583-610): block max, newest block pinned, top-k."""
     W = logits.shape[-1]
     padded = F.pad(logits, (0, -W % block_size), value=NINF)
@@ -365,8 +389,16 @@ class CompressorStep(NamedTuple):
     ring: torch.Tensor
 
 
-def compressor_forward(x: torch.Tensor, start: int, ring: torch.Tensor, ratio: int, wkv: torch.Tensor,
-                       norm_w: torch.Tensor, eps: float, wgate: torch.Tensor | None = None) -> CompressorStep:
+def compressor_forward(
+    x: torch.Tensor,
+    start: int,
+    ring: torch.Tensor,
+    ratio: int,
+    wkv: torch.Tensor,
+    norm_w: torch.Tensor,
+    eps: float,
+    wgate: torch.Tensor | None = None,
+) -> CompressorStep:
     """Compressor.forward(x, start) (M:429-485) for x bf16 [b, S, dim] at positions start .. start+S-1.
 
     Ratio 1 takes any chunk at any start and keeps no state. Ratio 2 takes upstream's two step
@@ -398,8 +430,9 @@ def _ratio2_decode(latent, score, ring, position, norm_w, eps) -> CompressorStep
     """M:476-482: store the token in its slot; when it closes a group, pool the group's two slots."""
     _write_slot(ring, position, score[:, 0], latent[:, 0])
     if position % 2 == 0:
-        return CompressorStep(torch.empty(ring.shape[0], 0, ring.shape[-1], dtype=torch.bfloat16),
-                              torch.empty(0, dtype=torch.int64), ring)
+        return CompressorStep(
+            torch.empty(ring.shape[0], 0, ring.shape[-1], dtype=torch.bfloat16), torch.empty(0, dtype=torch.int64), ring
+        )
     group = ring[:, [(position - 1) % ring.shape[1], position % ring.shape[1]]]  # [b, 2, 2, hd]
     pooled = pool_groups(group[:, :, 1], group[:, :, 0], 1)
     return CompressorStep(finish_rows(pooled.unsqueeze(1), norm_w, eps), torch.tensor([position - 1]), ring)

@@ -122,8 +122,12 @@ class ManyBugs(ReferenceAdapter):
     """One bug per component, so a single run shows every error status side by side."""
 
     BUGS = {
-        "norm.rms": Raises, "quant.fp8_ue8m0": MissingOutput, "quant.fp4_e4m3": ExtraOutput,
-        "linear.f32": WrongShape, "quant.fp4_e8m0": WrongDtype, "rope.apply": ReturnsNaN,
+        "norm.rms": Raises,
+        "quant.fp8_ue8m0": MissingOutput,
+        "quant.fp4_e4m3": ExtraOutput,
+        "linear.f32": WrongShape,
+        "quant.fp4_e8m0": WrongDtype,
+        "rope.apply": ReturnsNaN,
     }
 
     def run(self, component, inputs, params):

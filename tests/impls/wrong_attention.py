@@ -25,8 +25,11 @@ class PlainSoftmax(ReferenceAdapter):
 
     def run(self, component, inputs, params):
         if component == "sparse_attn":
-            return {"o": ref_sparse.sparse_attn_plain(inputs["q"], inputs["kv"], inputs["attn_sink"],
-                                                      inputs["topk_idxs"], float(params["softmax_scale"]))}
+            return {
+                "o": ref_sparse.sparse_attn_plain(
+                    inputs["q"], inputs["kv"], inputs["attn_sink"], inputs["topk_idxs"], float(params["softmax_scale"])
+                )
+            }
         if component == "attention":
             with patched(ref_attention, "sparse_attn", ref_sparse.sparse_attn_plain):
                 return super().run(component, inputs, params)
@@ -39,8 +42,11 @@ class SinkScaled(ReferenceAdapter):
     def run(self, component, inputs, params):
         if component == "sparse_attn":
             scale = float(params["softmax_scale"])
-            return {"o": ref_sparse.sparse_attn(inputs["q"], inputs["kv"], inputs["attn_sink"] * scale,
-                                                inputs["topk_idxs"], scale)}
+            return {
+                "o": ref_sparse.sparse_attn(
+                    inputs["q"], inputs["kv"], inputs["attn_sink"] * scale, inputs["topk_idxs"], scale
+                )
+            }
         return super().run(component, inputs, params)
 
 
@@ -116,8 +122,11 @@ class ScaleBf16(ReferenceAdapter):
 
     def run(self, component, inputs, params):
         if component == "sparse_attn":
-            return {"o": _bf16_scale(inputs["q"], inputs["kv"], inputs["attn_sink"], inputs["topk_idxs"],
-                                     float(params["softmax_scale"]))}
+            return {
+                "o": _bf16_scale(
+                    inputs["q"], inputs["kv"], inputs["attn_sink"], inputs["topk_idxs"], float(params["softmax_scale"])
+                )
+            }
         if component == "attention":
             with patched(ref_attention, "sparse_attn", _bf16_scale):
                 return super().run(component, inputs, params)

@@ -35,8 +35,9 @@ class RingOneSlotSmall(ReferenceAdapter):
             return {"accepted": torch.tensor(slots >= need), "min_slots": torch.tensor(need, dtype=torch.int64)}
         if component == "compressor" and int(params["ratio"]) == 2:
             ring = inputs["ring"]
-            res = cp.compressor_step(inputs["x"], int(params["start"]), ring[:, :-1], _weights(inputs, params), 2,
-                                     check_capacity=False)
+            res = cp.compressor_step(
+                inputs["x"], int(params["start"]), ring[:, :-1], _weights(inputs, params), 2, check_capacity=False
+            )
             return _result(res.rows, res.row_positions, torch.cat([res.ring, ring[:, -1:]], dim=1))
         return super().run(component, inputs, params)
 
@@ -121,11 +122,24 @@ class RopeAtLast(ReferenceAdapter):
         if component != "kv.finish":
             return super().run(component, inputs, params)
         ratio = int(params.get("ratio", 2))
-        out = kf.kv_finish(inputs["latent"], inputs["groups"] * ratio + ratio - 1, inputs["table"],
-                           int(params["rope_dim"]), inputs["wk"], inputs["k_norm_w"])
-        return {"main": out.main, "main_rope": out.main_rope, "main_packed": out.main_packed,
-                "main_scale_bytes": out.main_scale_bytes, "index_k": out.index_k, "index_norm": out.index_norm,
-                "index_packed": out.index_packed, "index_scale_bytes": out.index_scale_bytes}
+        out = kf.kv_finish(
+            inputs["latent"],
+            inputs["groups"] * ratio + ratio - 1,
+            inputs["table"],
+            int(params["rope_dim"]),
+            inputs["wk"],
+            inputs["k_norm_w"],
+        )
+        return {
+            "main": out.main,
+            "main_rope": out.main_rope,
+            "main_packed": out.main_packed,
+            "main_scale_bytes": out.main_scale_bytes,
+            "index_k": out.index_k,
+            "index_norm": out.index_norm,
+            "index_packed": out.index_packed,
+            "index_scale_bytes": out.index_scale_bytes,
+        }
 
 
 def _norm64(x64: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -26,8 +26,11 @@ class PerRowScales(ReferenceAdapter):
 
         q = nx.fp8_qdq_ue8m0(inputs["x"])
         w = dequantise(fp8.Fp8Weight(inputs["weight"], scales))
-        return {"y": (q.y.double() @ w.double().T).to(torch.bfloat16), "x_codes": q.codes,
-                "x_scale_bytes": q.scale_bytes}
+        return {
+            "y": (q.y.double() @ w.double().T).to(torch.bfloat16),
+            "x_codes": q.codes,
+            "x_scale_bytes": q.scale_bytes,
+        }
 
 
 class Block128(ReferenceAdapter):
@@ -40,8 +43,11 @@ class Block128(ReferenceAdapter):
         with patched(nx, "fp8_qdq_ue8m0", lambda x, block=32: original(x, 128)):
             q = nx.fp8_qdq_ue8m0(inputs["x"])
         w = fp8.dequantise_weight(fp8.Fp8Weight(inputs["weight"], inputs["weight_scale"]))
-        return {"y": (q.y.double() @ w.double().T).to(torch.bfloat16), "x_codes": q.codes,
-                "x_scale_bytes": q.scale_bytes.repeat_interleave(4, -1)}
+        return {
+            "y": (q.y.double() @ w.double().T).to(torch.bfloat16),
+            "x_codes": q.codes,
+            "x_scale_bytes": q.scale_bytes.repeat_interleave(4, -1),
+        }
 
 
 class Unquantised(ReferenceAdapter):

@@ -129,7 +129,7 @@ class Float64Indexer(ReferenceAdapter):
             x, wp = inputs["x"].double(), inputs["weights_proj"].double()
             H, D = wp.shape[0], int(params["index_head_dim"])
             y = _to_bf16_via_f64(x @ wp.T)
-            return {"weights": _to_bf16_via_f64(y.double() * (D ** -0.5 * H ** -0.5))}
+            return {"weights": _to_bf16_via_f64(y.double() * (D**-0.5 * H**-0.5))}
         if component == "indexer.scores":
             q, k, w = inputs["q"].double(), inputs["k"].double(), inputs["w"].double()
             dots = _to_bf16_via_f64(torch.einsum("bshd,btd->bsht", q, k)).double().relu()
@@ -138,7 +138,9 @@ class Float64Indexer(ReferenceAdapter):
         return super().run(component, inputs, params)
 
 
-def _scores(inputs, rounded_dots: bool = True, relu: bool = True, heads: slice = slice(None), bf16_head_sum: bool = False):
+def _scores(
+    inputs, rounded_dots: bool = True, relu: bool = True, heads: slice = slice(None), bf16_head_sum: bool = False
+):
     """indexer.scores with upstream's rounding points unless a flag says otherwise."""
     q, k, w = inputs["q"].double()[:, :, heads], inputs["k"].double(), inputs["w"].double()[:, :, heads]
     dots = torch.einsum("bshd,btd->bsht", q, k)
@@ -192,7 +194,7 @@ class ScoresUnroundedDots(ScoresVariant):
 
 
 def _weights_without_softmax_scale(x, weights_proj, index_head_dim, index_n_heads):
-    return (x.float() @ weights_proj.float().T).to(torch.bfloat16) * index_n_heads ** -0.5
+    return (x.float() @ weights_proj.float().T).to(torch.bfloat16) * index_n_heads**-0.5
 
 
 def _fp32_scores_scaled_after(q, k, w):
@@ -206,8 +208,10 @@ class SoftmaxScaleOnScores(ReferenceAdapter):
     with softmax_scale applied to them (upstream folds it into the bf16 head weights)."""
 
     def run(self, component, inputs, params):
-        with patched(ix, "head_weights", _weights_without_softmax_scale), \
-                patched(ix, "index_scores", _fp32_scores_scaled_after):
+        with (
+            patched(ix, "head_weights", _weights_without_softmax_scale),
+            patched(ix, "index_scores", _fp32_scores_scaled_after),
+        ):
             return super().run(component, inputs, params)
 
 
@@ -228,9 +232,21 @@ class ArgpartitionTies(ReferenceAdapter):
 
 
 __all__ = [
-    "ArgpartitionTies", "SoftmaxScaleOnScores", "Bf16HeadSum", "ScoresDropLastHead", "ScoresUnroundedDots", "ScoresWithoutRelu",
-    "DecodeAddressWithB", "Float64Indexer", "LowestIndexTies", "OtherLeakPolicy", "PartialBlockMask", "PrefixOffByOne", "UnpinnedCandidates",
-    "WholeBufferSelect", "lowest_index_topk",
+    "ArgpartitionTies",
+    "SoftmaxScaleOnScores",
+    "Bf16HeadSum",
+    "ScoresDropLastHead",
+    "ScoresUnroundedDots",
+    "ScoresWithoutRelu",
+    "DecodeAddressWithB",
+    "Float64Indexer",
+    "LowestIndexTies",
+    "OtherLeakPolicy",
+    "PartialBlockMask",
+    "PrefixOffByOne",
+    "UnpinnedCandidates",
+    "WholeBufferSelect",
+    "lowest_index_topk",
 ]
 
 

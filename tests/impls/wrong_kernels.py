@@ -26,8 +26,10 @@ from gate_upstream import UpstreamTorch
 from patching import patched
 
 NINF = float("-inf")
-ORIGINAL = {name: getattr(up, name) for name in ("sparse_attn", "rms_norm", "index_scores", "act_quant",
-                                                  "fp4_act_quant_e4m3", "apply_rotary_emb")}
+ORIGINAL = {
+    name: getattr(up, name)
+    for name in ("sparse_attn", "rms_norm", "index_scores", "act_quant", "fp4_act_quant_e4m3", "apply_rotary_emb")
+}
 
 
 class Mutant(UpstreamTorch):
@@ -48,8 +50,9 @@ class Mutant(UpstreamTorch):
 
 class SinkLeftOut(Mutant):
     target = "sparse_attn"
-    replacement = staticmethod(lambda q, kv, sink, ids, scale: ORIGINAL["sparse_attn"](
-        q, kv, torch.full_like(sink, NINF), ids, scale))
+    replacement = staticmethod(
+        lambda q, kv, sink, ids, scale: ORIGINAL["sparse_attn"](q, kv, torch.full_like(sink, NINF), ids, scale)
+    )
 
 
 def _norm_bf16_first(x, weight, eps):
@@ -78,12 +81,15 @@ def _act_quant_64(x, block: int = up.FP8_BLOCK):
 class Fp8Block64(Mutant):
     target = "act_quant"
     replacement = staticmethod(_act_quant_64)
-    handlers = {**UpstreamTorch.handlers, "quant.fp8_ue8m0": lambda inputs, params: _act_quant_64(inputs["x"])._asdict()}
+    handlers = {
+        **UpstreamTorch.handlers,
+        "quant.fp8_ue8m0": lambda inputs, params: _act_quant_64(inputs["x"])._asdict(),
+    }
 
 
 def _fp4_bf16_scale(x, block: int = up.FP4_KV_BLOCK):
     xb = x.float().unflatten(-1, (-1, block))
-    amax = xb.abs().amax(-1).clamp_min(up.E2M1_MAX * 2.0 ** -9)
+    amax = xb.abs().amax(-1).clamp_min(up.E2M1_MAX * 2.0**-9)
     scale = (amax / up.E2M1_MAX).to(torch.bfloat16).float()  # the bug: e4m3 rounding skipped
     y, codes = up._fp4_round_trip(xb, scale)
     return up.Quantised(y, codes, scale.to(torch.float8_e4m3fn).view(torch.uint8))
@@ -126,7 +132,7 @@ class OutputScaled(UpstreamTorch):
     def run(self, component, inputs, params):
         out = super().run(component, inputs, params)
         if component == "attention":
-            out["out"] = (out["out"].float() * (1 + 2.0 ** -6)).to(torch.bfloat16)
+            out["out"] = (out["out"].float() * (1 + 2.0**-6)).to(torch.bfloat16)
         return out
 
 
@@ -141,8 +147,14 @@ class WoBRowScales(UpstreamTorch):
 
 
 MUTANTS = {  # class -> the stage that holds its bug
-    SinkLeftOut: "o", NormBf16BeforeWeight: "qr", ScoresWithoutRelu: "index_scores", WindowNewestFirst: "window_ids",
-    OutputScaled: "out", Fp8Block64: "window_rows", Bf16KvScale: "compress_rows", RopeOnFirstDims: "kv",
+    SinkLeftOut: "o",
+    NormBf16BeforeWeight: "qr",
+    ScoresWithoutRelu: "index_scores",
+    WindowNewestFirst: "window_ids",
+    OutputScaled: "out",
+    Fp8Block64: "window_rows",
+    Bf16KvScale: "compress_rows",
+    RopeOnFirstDims: "kv",
     WoBRowScales: "out",
 }
 # With fp8 weights, qr and kv come from fp8 GEMMs whose 14-bit accumulation may flip as many bf16 roundings

@@ -16,7 +16,7 @@ class DropsLanesPastFourTiles(ReferenceAdapter):
     def run(self, component, inputs, params):
         if component == "sparse_attn" and inputs["topk_idxs"].shape[-1] > 4 * TILE:
             ids = inputs["topk_idxs"].clone()
-            ids[..., 4 * TILE:] = -1
+            ids[..., 4 * TILE :] = -1
             inputs = {**inputs, "topk_idxs": ids}
         return super().run(component, inputs, params)
 

@@ -11,13 +11,21 @@ def lowest_index_topk(values: torch.Tensor, k: int, largest: bool = True):
     """Sorted by value, ties broken by the lowest index (what CUDA radix select tends to do)."""
     v = values.double()
     nan = torch.isnan(v)
-    key = torch.where(nan, torch.full_like(v, float("inf")), v) if largest else torch.where(nan, torch.full_like(v, float("inf")), v)
+    key = (
+        torch.where(nan, torch.full_like(v, float("inf")), v)
+        if largest
+        else torch.where(nan, torch.full_like(v, float("inf")), v)
+    )
     if largest:
         order = torch.sort(-key, dim=-1, stable=True).indices
         # NaN counts above +inf when largest: put NaN first, keeping index order among them
         nan_first = torch.sort((~nan).to(torch.int8), dim=-1, stable=True).indices
-        order = torch.stack([torch.cat([r_nan[:int(n.sum())], r[~torch.isin(r, r_nan[:int(n.sum())])]])
-                             for r, r_nan, n in zip(order, nan_first, nan)])
+        order = torch.stack(
+            [
+                torch.cat([r_nan[: int(n.sum())], r[~torch.isin(r, r_nan[: int(n.sum())])]])
+                for r, r_nan, n in zip(order, nan_first, nan)
+            ]
+        )
     else:
         order = torch.sort(key, dim=-1, stable=True).indices
     idx = order[..., :k]
