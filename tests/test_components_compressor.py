@@ -247,6 +247,7 @@ def test_wrong_implementation_fails_the_expected_component_and_step(tmp_path, mo
         assert {i for i, c in cases.items() if i.startswith("kv.finish/") and c["status"] == "pass"} == {
             "kv.finish/r1-a",
             "kv.finish/r2-empty",
+            "kv.finish/fuzz-s35-1649-m279",  # ratio 1 too (cases/kv_finish_fuzz.yaml)
         }
         assert "main_packed" in cases["kv.finish/r2-prod-hd512"]["message"]
     if impl in ("ChannelSoftmax", "CastAfterNorm", "EarlyPool"):  # ratio 1 has no pooling
