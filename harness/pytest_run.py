@@ -89,6 +89,10 @@ class ConformanceRun:
         self._executor = None  # --conformance-no-isolate (v41_conformance.execution)
         self._own_object = None  # a conftest's object: the configuration and manifest it is judged with
         self._run_dir = None  # (the controller's RunDir, its scratch folder without a report dir)
+        if distributed:
+            from .pytest_remote import join_for_workers
+
+            join_for_workers(config)  # before xdist reads the arguments it hands its workers
         if self.controller:
             self._plan_run(chosen)
             self.collector = ResultCollector()

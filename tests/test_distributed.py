@@ -9,8 +9,10 @@ worker whose package version differs from the controller's is refused by name.
 
 from __future__ import annotations
 
+import ctypes
 import getpass
 import os
+import signal
 import shutil
 import socket
 import subprocess
@@ -47,6 +49,12 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """The sshd ends with this process however it ends (a cancelled CI job's SIGTERM, a SIGKILL): Linux's
+    PR_SET_PDEATHSIG; the fixture's teardown stops it otherwise."""
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+
+
 def _keygen(path: Path) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True, capture_output=True)
 
@@ -70,6 +78,7 @@ def loopback_ssh(tmp_path_factory):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=_die_with_parent,
     )
     (root / "ssh_config").write_text(
         f"Host conformance-loopback\n  HostName 127.0.0.1\n  Port {port}\n  User {getpass.getuser()}\n"
@@ -159,32 +168,21 @@ def test_two_ssh_gateways_judge_like_a_serial_run_and_another_version_is_refused
         "      - {pattern: 'quant.fp4_e8m0/*', status: fail, reason: 'doubles y, issue 1'}\n"
     )
     chdirs = [installed.folder(f"remote-{i}") for i in range(3)]
-    common = [
-        installed.python,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "--conformance-impl",
-        "mixed",
-        "--conformance-select",
-        SELECT,
-    ]
+    (project / "mixed").mkdir()  # folders named like the implementation and the select patterns: xdist
+    (project / SELECT).mkdir()  # must take neither for a path
+    common = [installed.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--conformance-impl", "mixed",
+              "--conformance-select", SELECT]  # fmt: skip
+    gateways = ["--tx", _gateway(loopback_ssh, installed.python, chdirs[0]),
+                "--tx", _gateway(loopback_ssh, installed.python, chdirs[1])]  # fmt: skip
     serial = installed.run(*common, "--conformance-report-dir", "serial", cwd=project)
-    remote = installed.run(
-        *common,
-        "--conformance-report-dir",
-        "ssh",
-        "--dist",
-        "load",
-        "-v",
-        "--tx",
-        _gateway(loopback_ssh, installed.python, chdirs[0]),
-        "--tx",
-        _gateway(loopback_ssh, installed.python, chdirs[1]),
-        cwd=project,
-    )
+    # the report dir and the config file exist (the report dir as soon as the plugin opens it): relative
+    # paths, then absolute ones into the same, existing report dir
+    for where in (lambda name: name, lambda name: str(project / name)):
+        remote = installed.run(*common, "--conformance-report-dir", where("ssh"), "--conformance-config",
+                               where("conformance.yaml"), "--dist", "load", "-v", *gateways, cwd=project)  # fmt: skip
+        assert remote.returncode == 1 and "rsync root" not in remote.stdout + remote.stderr, (
+            remote.stdout[-3000:] + remote.stderr[-3000:]
+        )
     print(remote.stdout[-3000:])
     assert serial.returncode == remote.returncode == 1, remote.stdout[-3000:] + remote.stderr[-3000:]
     assert "[gw0] linux" in remote.stdout and "[gw1] linux" in remote.stdout, remote.stdout[-3000:]
