@@ -7,14 +7,17 @@ TORCH_PIN ?= torch==2.13.0
 # Triton runs the example kernels in tests on the CPU (TRITON_INTERPRET=1) and natively on GPUs.
 TRITON_PIN ?= triton==3.9.0
 REPORT_DIR ?= reports/reference
+# The versions CI tested (pytest, pytest-xdist, execnet, numpy, safetensors, click, pyyaml, the linters);
+# the package metadata keeps its ranges for users. `make test-latest` tries the newest instead.
+CONSTRAINTS ?= constraints/test.txt
 
-.PHONY: install run test test-production test-distributed generate check verify bench clean browser
+.PHONY: install run test lint test-latest test-production test-distributed generate check verify bench clean browser
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml Makefile $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_PIN)" "$(TRITON_PIN)"
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -c $(CONSTRAINTS) "$(TORCH_PIN)" "$(TRITON_PIN)"
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e ".[lint]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -22,8 +25,28 @@ install: $(VENV)/.installed
 run: install
 	$(VENV)/bin/conformance run --impl reference --report-dir $(REPORT_DIR)
 
+# tests/test_lint.py runs `make lint`'s three checks inside the suite, beside the other tests.
 test: install
 	$(PY) -m pytest -n auto --dist loadgroup -q
+
+# pyflakes' rules and the format (ruff, pyproject.toml), and the types (mypy, tools/typecheck).
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	PATH="$(abspath $(VENV))/bin:$$PATH" tools/typecheck
+
+# Not in CI: the newest releases of everything but torch (still the CPU pin) in a venv of its own,
+# then the suite; it prints the versions it used first.
+LATEST ?= .venv-latest
+test-latest:
+	rm -rf $(LATEST)
+	$(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install -q --upgrade pip
+	$(LATEST)/bin/python -m pip install -q "$(TORCH_PIN)" "$(TRITON_PIN)"
+	$(LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[lint]"
+	@echo "test-latest: the newest releases resolved here:"
+	@$(LATEST)/bin/python -m pip freeze --exclude-editable | sed 's/^/  /'
+	$(LATEST)/bin/python -m pytest -n auto --dist loadgroup -q
 
 # The production tier (docs/tiers.md): rebuild every case to its pinned SHA-256, build the
 # goldens locally, run the reference over them, then the production gates and mutants of

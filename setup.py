@@ -50,5 +50,6 @@ class BuildPyWithStore(build_py):
 setup(
     packages=[PACKAGE] + [f"{PACKAGE}.{sub}" for sub in find_packages(SOURCE)],
     package_dir={PACKAGE: SOURCE},
+    package_data={PACKAGE: ["py.typed"]},  # PEP 561: the package's annotations are for its users' type checkers
     cmdclass={"build_py": BuildPyWithStore},
 )

@@ -33,6 +33,7 @@ Pure functions of tensors; float64 magnitudes (every product of e4m3 values is e
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Callable, NamedTuple
 
 import torch
@@ -136,7 +137,7 @@ FLIP_MARGIN = 2.0
 
 
 def accumulation_allowance(
-    name: str, expected: torch.Tensor, bits: float, context: dict[str, torch.Tensor]
+    name: str, expected: torch.Tensor, bits: float, context: Mapping[str, torch.Tensor]
 ) -> torch.Tensor | float:
     """u x A where the comparator's context holds A (`<name>.acc`), else 0 (float64, expected's shape):
     what one element's accumulation error may reach."""
@@ -159,7 +160,7 @@ def expected_spread(
     name: str,
     expected: torch.Tensor,
     bits: float,
-    context: dict[str, torch.Tensor],
+    context: Mapping[str, torch.Tensor],
     ulp: torch.Tensor,
     finite: torch.Tensor | None,
 ) -> Spread | None:

@@ -18,14 +18,21 @@ configuration the CLI would (the nearest conformance.yaml, layered on the packag
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from .errors import UsageError
+
+if TYPE_CHECKING:
+    from .adapters.base import Declined, Implementation, Outputs
+
+    # A plain function run(component, inputs, params) -> outputs, as `check` takes one.
+    RunFunction = Callable[[str, dict[str, torch.Tensor], dict[str, Any]], Outputs]
 
 __all__ = ["Case", "Verdict", "cases", "case", "check", "check_outputs"]
 
@@ -145,7 +152,7 @@ class _Function:
 class _Given:
     """The outputs a caller computed, returned for the case's one call."""
 
-    def __init__(self, outputs: dict[str, torch.Tensor]):
+    def __init__(self, outputs: Mapping[str, torch.Tensor | Declined]):
         self.outputs, self.calls = outputs, 0
 
     def supports(self, component: str) -> bool:
@@ -156,7 +163,9 @@ class _Given:
         return dict(self.outputs)
 
 
-def check(case: Case | str, impl, impl_conf: dict | None = None, tier: str = "small") -> Verdict:
+def check(
+    case: Case | str, impl: Implementation | RunFunction, impl_conf: dict[str, Any] | None = None, tier: str = "small"
+) -> Verdict:
     """Run `impl` through the case and judge it (`impl_conf`: its conformance.yaml entry, for flags
     such as accept_ties; default: the entry named like the implementation's class, if any)."""
     from .runner import run_case
@@ -176,7 +185,10 @@ def check(case: Case | str, impl, impl_conf: dict | None = None, tier: str = "sm
 
 
 def check_outputs(
-    case: Case | str, outputs: dict[str, torch.Tensor], impl_conf: dict | None = None, tier: str = "small"
+    case: Case | str,
+    outputs: Mapping[str, torch.Tensor | Declined],
+    impl_conf: dict[str, Any] | None = None,
+    tier: str = "small",
 ) -> Verdict:
     """Judge outputs computed for the case's inputs (`case.inputs()`). Only for a case that is one call;
     a schedule needs `check` (its later calls depend on the state the earlier ones returned)."""

@@ -57,7 +57,8 @@ def read(kind: str, sha256: str, key: str | None = None, verify: bool = True) ->
 
     try:
         with open(path, "rb") as fh:
-            data = memoryview(numpy.empty(os.fstat(fh.fileno()).st_size, dtype=numpy.uint8))
+            # numpy's stubs declare the buffer protocol (__buffer__) for Python >= 3.12 only
+            data = memoryview(numpy.empty(os.fstat(fh.fileno()).st_size, dtype=numpy.uint8))  # type: ignore[arg-type]
             if fh.readinto(data) != len(data):
                 return None
     except OSError:

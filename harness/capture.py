@@ -21,6 +21,7 @@ from typing import Any
 TAIL_CHARS = 2000
 LOG_CASE_CHARS = 1 << 20  # bytes per case in output.log (the whole: output/<case>.log beside it)
 
+_LIBC: ctypes.CDLL | None
 try:
     _LIBC = ctypes.CDLL(None)
 except OSError:  # pragma: no cover - every supported platform has a C library
@@ -38,7 +39,7 @@ def _flush() -> None:
 
 
 @contextmanager
-def capture_fds(path: Path):
+def capture_fds(path: str | Path):
     """Point fds 1 and 2 at `path` (appending) for the duration, and Python's sys.stdout and
     sys.stderr at them (a pytest session may have pointed those elsewhere); restore everything
     afterwards."""
@@ -81,7 +82,7 @@ def output_file(run_dir: str | None, case_id: str) -> str | None:
     return str(Path(run_dir) / "output" / file_name(case_id))
 
 
-def read_text(path: Path | None, limit: int = LOG_CASE_CHARS, where: str = "") -> str:
+def read_text(path: str | Path | None, limit: int = LOG_CASE_CHARS, where: str = "") -> str:
     """The captured text (the last `limit` bytes), or '' when nothing was captured; `where` says,
     after the count of bytes left out, where they are."""
     if path is None or not Path(path).exists():

@@ -418,7 +418,9 @@ def verify(tier, goldens_dir, cases_dir, config_path):
 @tier_option
 @store_options
 @config_option
-def list_cases(select, only_components, as_json, as_markdown, only_spaces, tier, goldens_dir, cases_dir, config_path):
+def list_cases(
+    select, only_components, as_json, as_markdown, only_spaces, tier, goldens_dir, cases_dir, config_path
+) -> None:
     """List cases, or (--components) the component catalogue, or (--spaces) the fuzz spaces."""
     if only_spaces:
         from .fuzz_sample import selected_spaces

@@ -15,8 +15,9 @@ outputs as `out.<name>`, and the aux tensors under their own names.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -63,7 +64,7 @@ def compare_output(
     expected: torch.Tensor,
     actual: Any,
     policy: Policy,
-    context: dict[str, torch.Tensor] | None = None,
+    context: Mapping[str, torch.Tensor] | None = None,
     params: dict[str, Any] | None = None,
 ) -> OutputVerdict:
     """Judge one output tensor. Never raises on bad `actual`; reports it instead."""
@@ -136,7 +137,7 @@ def _mask_failure(bad: torch.Tensor, what: str, expected: torch.Tensor, actual: 
     return count
 
 
-def absent_mask(expected: torch.Tensor, policy: Policy, context: dict[str, torch.Tensor]) -> torch.Tensor | None:
+def absent_mask(expected: torch.Tensor, policy: Policy, context: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
     """bool, the output's shape: the elements under a row whose ids (`policy.absent_rows`, [..., K] over the
     output's leading dims) are all -1. None when the policy names no ids or no row is absent."""
     if not policy.absent_rows:
@@ -257,7 +258,12 @@ def _fmt(value: torch.Tensor) -> str:
 
 
 def _aux_ulps(
-    expected: torch.Tensor, context: dict[str, torch.Tensor], name: str | None, ulps: float, fmt: torch.dtype, what: str
+    expected: torch.Tensor,
+    context: Mapping[str, torch.Tensor],
+    name: str | None,
+    ulps: float,
+    fmt: torch.dtype,
+    what: str,
 ) -> torch.Tensor | float:
     """`ulps` units in the last place (of `fmt`) of aux tensor `name`, broadcast over the
     output's trailing dims; 0 when the policy names no tensor or no ulps."""
@@ -273,7 +279,7 @@ def _aux_ulps(
 
 
 def _argument_allowance(
-    expected: torch.Tensor, policy: Policy, context: dict[str, torch.Tensor]
+    expected: torch.Tensor, policy: Policy, context: Mapping[str, torch.Tensor]
 ) -> torch.Tensor | float:
     """`argument_ulps` fp32 ulps of the argument of a transcendental output (|f'| <= 1 for cos and sin)."""
     return _aux_ulps(
@@ -281,7 +287,9 @@ def _argument_allowance(
     )
 
 
-def _term_allowance(expected: torch.Tensor, policy: Policy, context: dict[str, torch.Tensor]) -> torch.Tensor | float:
+def _term_allowance(
+    expected: torch.Tensor, policy: Policy, context: Mapping[str, torch.Tensor]
+) -> torch.Tensor | float:
     """`term_ulps` bf16 ulps of the largest bf16-rounded term summed into each element: a correct
     implementation that sums that term's own inputs in another order may round it the other way
     (docs/verdicts.md, "Intermediate roundings")."""
@@ -295,7 +303,7 @@ def _compare_tolerant(
     expected: torch.Tensor,
     actual: torch.Tensor,
     policy: Policy,
-    context: dict[str, torch.Tensor],
+    context: Mapping[str, torch.Tensor],
     params: dict[str, Any] | None = None,
 ) -> OutputVerdict:
     fmt = torch.bfloat16 if policy.kind == "bf16" else expected.dtype
@@ -367,14 +375,14 @@ def _compare_tolerant(
     if finite is not None and not isinstance(explained, float):
         beyond = torch.where(finite, beyond, torch.zeros_like(beyond))
     err_norm = float(beyond.norm())
-    rel_l2 = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
+    rel_l2: float | None = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
     precision = precision_against_exact(name, e, a, finite, context)
     logit = logit_scale_error(name, e, a, ulp, finite, context)
-    max_ulps = float(ulps.max()) if ulps.numel() else 0.0
+    max_ulps: float | None = float(ulps.max()) if ulps.numel() else 0.0
     counted = expected.numel() if finite is None else int(finite.sum())
     differing = int((diff > 0).sum()) + mask_failures
     diff_fraction = differing / max(counted + mask_failures, 1)
-    max_abs = float(diff.max()) if diff.numel() else 0.0
+    max_abs: float | None = float(diff.max()) if diff.numel() else 0.0
     if isinstance(bound, torch.Tensor) and bool((bound > 0).all()):
         used = diff / bound
     else:
@@ -383,10 +391,10 @@ def _compare_tolerant(
         )
     if precise is not None:  # an element as precise as the reference uses the smaller share
         used = torch.where(torch.isnan(precise), used, torch.minimum(used, precise))
-    bound_used = float(used.max()) if used.numel() else 0.0
+    bound_used: float | None = float(used.max()) if used.numel() else 0.0
     if mask_failures and not counted:  # nothing finite on both sides: no error to measure
         max_ulps, max_abs, rel_l2, bound_used = None, None, None, None
-    metrics = {
+    metrics: dict[str, Any] = {
         "numel": expected.numel(),
         "mismatched": over_count + mask_failures,
         "nonfinite_mismatches": mask_failures,
@@ -396,8 +404,12 @@ def _compare_tolerant(
         "diff_fraction": diff_fraction,
         # no headroom to speak of when non-finite values are misplaced
         "bound_used": bound_used if not mask_failures else None,  # worst element's |diff| / its bound
-        "ulps_headroom": (max_ulps / policy.ulps) if policy.ulps and not mask_failures else None,
-        "rel_l2_headroom": (rel_l2 / policy.rel_l2) if policy.rel_l2 and not mask_failures else None,
+        "ulps_headroom": (
+            (max_ulps / policy.ulps) if policy.ulps and not mask_failures and max_ulps is not None else None
+        ),
+        "rel_l2_headroom": (
+            (rel_l2 / policy.rel_l2) if policy.rel_l2 and not mask_failures and rel_l2 is not None else None
+        ),
     }
     spread = expected_spread(name, expected, policy.accumulator_bits, context, ulp, finite)
     flips = spread.flips if spread else 0.0
@@ -409,7 +421,7 @@ def _compare_tolerant(
         if ref_norm > 0:  # the error the model expects the accumulation to carry, on top of the policy's
             allowed_rel_l2 = math.sqrt(policy.rel_l2**2 + FLIP_MARGIN * spread.energy / ref_norm**2)
             metrics["rel_l2_allowed"] = allowed_rel_l2
-            if not mask_failures:
+            if not mask_failures and rel_l2 is not None:
                 metrics["rel_l2_headroom"] = rel_l2 / allowed_rel_l2
     # the L2 distance from the exact value is a ratio of two L2 norms: over a few elements it can be anything
     # (one cancelling index score: a form with one rounding fewer 6.8x farther than the reference happened
@@ -477,6 +489,7 @@ def _compare_tolerant(
     if n_signed and not policy.accept_signed_zeros:
         header.append(f"  {n_signed} element(s) differ in the sign of a zero (strict_signed_zeros)")
     if scaled:
+        assert logit is not None  # scaled: a logit scale was measured
         header.append(
             f"  the error is a scale of the logits: {name} moves as if every logit were times 1 "
             f"{'-' if logit[0] < 0 else '+'} {abs(logit[0]):.3g}, {abs(logit[1]):.3g} times the spread the "
@@ -629,13 +642,14 @@ def _term_flips_note(
     own: Any,
     flips: int,
     policy: Policy,
-    context: dict[str, torch.Tensor],
+    context: Mapping[str, torch.Tensor],
 ) -> str:
     """What a passing output's term flips were: how many, and the largest one with its term."""
     if not flips:
         return ""
     beyond = diff - own
     worst = argmax_index(beyond)
+    assert policy.terms is not None  # flips are counted only where the policy names its terms
     term = float(context[policy.terms].double()[worst].abs())
     return (
         f"output '{name}': {flips} element(s) differ by more than {policy.ulps:g} ulp only by one "
@@ -679,7 +693,7 @@ def _compare_index(
     expected: torch.Tensor,
     actual: torch.Tensor,
     policy: Policy,
-    context: dict[str, torch.Tensor],
+    context: Mapping[str, torch.Tensor],
     params: dict[str, Any],
 ) -> OutputVerdict:
     from .index_verdict import classify_index_rows
@@ -692,7 +706,7 @@ def _compare_index(
     scores = context[policy.scores]
     if scores.dtype in (torch.bfloat16, torch.float16):
         scores = scores.float()  # exact widening, as torch's CPU top-k compares them
-    order = policy.order
+    order: Literal["sequence", "set", "unordered"] = policy.order
     if order == "sequence" and params.get("sorted") is False and not policy.strict_order:
         order = "unordered"  # an unsorted top-k's order is unspecified: ties are judged as sets
     result = classify_index_rows(
@@ -773,7 +787,7 @@ def _compare_quantised(
     expected: torch.Tensor,
     actual: torch.Tensor,
     policy: Policy,
-    context: dict[str, torch.Tensor],
+    context: Mapping[str, torch.Tensor],
     params: dict[str, Any],
 ) -> OutputVerdict:
     from .boundary import FORMATS, classify_quantised, pre_tolerance
@@ -782,6 +796,7 @@ def _compare_quantised(
     if exact.ok:
         exact.metrics.update(boundary_flips=0, scale_flips=0)
         return exact
+    assert policy.pre is not None and policy.quant is not None  # a quantised policy has both (Policy.__post_init__)
     pre = context.get(policy.pre)
     if pre is None:
         raise KeyError(

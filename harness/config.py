@@ -249,8 +249,8 @@ class Config:
             for output in component.outputs + component.intermediates:
                 dtypes = (torch.bfloat16, torch.float32) if output.kind in FLOAT_KINDS else (None,)
                 for dtype in dtypes:
-                    for impl in (None, *(conf for conf in self.impls.values() if _changes_policies(conf))):
-                        self.policy(component, output.name, impl, dtype=dtype)
+                    for changing in (None, *(conf for conf in self.impls.values() if _changes_policies(conf))):
+                        self.policy(component, output.name, changing, dtype=dtype)
 
     def overrides(self, impl_name: str | None = None) -> list[dict[str, Any]]:
         """Every tolerance, floor, timeout and per-implementation switch or tolerance in which this
@@ -269,7 +269,7 @@ class Config:
             for key in sorted(set(mine) | set(theirs))
             if mine.get(key) != theirs.get(key)
         ]
-        impl = self.impls.get(impl_name) or {}
+        impl = (self.impls.get(impl_name) if impl_name is not None else None) or {}
         for flag in IMPL_FLAGS:
             if impl.get(flag):
                 out.append({"key": f"impls.{impl_name}.{flag}", "value": True, "default": False})
@@ -419,6 +419,7 @@ def load_config(path: Path | None = None) -> Config:
     anchors = {"goldens": path, "cases": path}
     layered = default is not None and doc.get("extends", "default") == "default" and path.resolve() != default.resolve()
     if layered:
+        assert default is not None  # layered: there is a packaged default
         doc, anchors = _layered(doc, path, default)
     root = path.resolve().parent
     config = Config(

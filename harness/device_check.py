@@ -44,7 +44,7 @@ def visible_devices() -> dict:
     try:
         import torch
     except ImportError:
-        torch = None
+        torch = None  # type: ignore[assignment]  # an optional import: None where torch is not installed
     if cuda_driver.initialised() or (torch is not None and torch.cuda.is_initialized()):
         return _ask()  # already initialised here (the user, a library): a fork of this process could not tell
     read_end, write_end = os.pipe()
@@ -72,7 +72,7 @@ def visible_devices() -> dict:
 def _read_all(fd: int, pid: int) -> str:
     import select
 
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         ready, _, _ = select.select([fd], [], [], CHILD_LIMIT_S)
         if not ready:

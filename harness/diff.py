@@ -18,6 +18,8 @@ cases both runs judged against the same golden, before and after (harness/report
 
 from __future__ import annotations
 
+from typing import Any
+
 from .report.headroom import BOUNDS, per_case
 from .store import describe, same_store
 from .report.text import failing_lines
@@ -106,7 +108,8 @@ def _kind(b: dict | None, a: dict | None) -> str:
 
 def _entry(case_id: str, b: dict | None, a: dict | None) -> dict:
     some = a or b
-    entry = {
+    assert some is not None  # the case is in one run at least
+    entry: dict[str, Any] = {
         "id": case_id,
         "component": some["component"],
         "before": b["status"] if b else None,
@@ -141,7 +144,7 @@ def _components(base: dict, new: dict, changes: dict[str, list[dict]], moves: li
     names = sorted(set(base.get("components", {})) | set(new.get("components", {})))
     out: dict[str, dict] = {}
     for name in names:
-        entry = {kind: sum(1 for e in changes[kind] if e["component"] == name) for kind in KINDS}
+        entry: dict[str, Any] = {kind: sum(1 for e in changes[kind] if e["component"] == name) for kind in KINDS}
         for key in ("verdict", "floor_ok"):
             entry[key] = [doc.get("components", {}).get(name, {}).get(key) for doc in (base, new)]
         worst: dict[tuple[str, str], list[float]] = {}

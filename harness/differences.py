@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 class Difference(NamedTuple):
     metric: str  # per-output metric key
-    count: str  # CaseResult / component summary field
+    count: str  # type: ignore[assignment]  # a field may shadow tuple.count; CaseResult / component summary field
     example: str  # CaseResult field: the first output message that showed it
     column: str  # terminal table column
     label: str  # column of summary.md and report.html

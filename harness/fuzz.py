@@ -136,7 +136,9 @@ def fuzz(config: Config, options: FuzzOptions) -> dict:
         store.goldens.mkdir(parents=True)
         (store.root / "cases").mkdir()
         tallies = {name: Tally() for name in chosen}
-        results, invalid, sampled = [], [], {}
+        results: list[dict] = []
+        invalid: list[dict[str, str]] = []
+        sampled: dict[str, Sampled] = {}
         deadline = None if options.budget_s is None or options.cases is not None else started + options.budget_s
         stream = _cases(options, chosen)
         done = False

@@ -14,6 +14,7 @@ import hashlib
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from .cases import CaseSpec, concrete_specs
 from .ids import matches
@@ -54,7 +55,7 @@ def selected_spaces(select: list[str]) -> dict[str, Space]:
 def draw(space: Space, seed: int, index: int, name: str | None = None) -> Sampled:
     """One case of `space`: the first draw under the cost cap (or the cheapest of `REDRAWS`)."""
     component = components()[space.component]
-    best = None
+    best: tuple[dict[str, Any], dict[str, Any], float] | None = None
     for attempt in range(REDRAWS):
         params, build = space.draw(rng_for(seed, index, f"{space.component}/{attempt}"))
         cost = float(space.cost(params, build))
@@ -62,6 +63,7 @@ def draw(space: Space, seed: int, index: int, name: str | None = None) -> Sample
             best = (params, build, cost)
         if cost <= MAX_COST_S:
             break
+    assert best is not None  # REDRAWS >= 1 draws
     params, build, cost = best
     entry = CaseSpec(
         space.component, name or fuzz_name(seed, index), params, build, source=f"fuzz seed {seed} case {index}"

@@ -250,10 +250,10 @@ def _from_cache(config: Config, case_id: str, entry: dict | None, code: str) -> 
     they are what MANIFEST.json pins. True when the file is in place."""
     if entry is None:
         return False
-    data = cache.read(CACHE_KIND, str(entry.get("sha256")), cache.keyed(case_id, code))
-    if data is None:
+    cached = cache.read(CACHE_KIND, str(entry.get("sha256")), cache.keyed(case_id, code))
+    if cached is None:
         return False
-    data = bytes(data)
+    data = bytes(cached)
     path = golden_path(config.goldens, case_id)
     if not (path.exists() and path.read_bytes() == data):
         _writing(path, lambda: write_atomic(path, data))

@@ -329,6 +329,7 @@ def classify_index_rows(
         )
         if order == "sequence":
             near &= ((se - sa).abs() <= 2 * band[:, None]).all(dim=1)
+    rows_l: list[int]  # (the lambda reads it after the line below)
     lim_of = (lambda j: None) if limits is None else (lambda j: int(limits[rows_l[j]]))
 
     rows_l, tie_l, near_l = rows.tolist(), tie.tolist(), near.tolist()
@@ -448,6 +449,7 @@ def _example(
         return float(s_row[i - offset]) if ok else None
 
     def close(values: torch.Tensor) -> torch.Tensor:
+        assert kth is not None  # asked only where there is a k-th score
         return _eqv(values, kth) | ((values - kth).abs() <= band)
 
     def tied(i: int) -> bool:

@@ -29,11 +29,16 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import capture, forkserver
 from .ids import split_case_id
 from .case_result import CaseResult
 from .rundir import register_child
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
 
 LOAD_TIMEOUT = 180.0  # seconds a fresh child may take to import torch and load the implementation
 JUDGING_MIN = 1800.0  # seconds the harness's judgement of one case's outputs may take at least
@@ -104,8 +109,8 @@ def _child_main(conn, run_config: dict) -> None:
 
 @dataclass
 class _Child:
-    process: object  # a multiprocessing Process
-    conn: object
+    process: BaseProcess  # a multiprocessing Process
+    conn: Connection
 
 
 class IsolatedWorker:
@@ -138,6 +143,7 @@ class IsolatedWorker:
                 case_id, component, "error", f"the implementation could not be loaded in the worker: {self.broken}"
             )
         child = self.child
+        assert child is not None  # _start made one (only stop(), ending the run, takes it away)
         try:
             child.conn.send((case_id, output))
         except (BrokenPipeError, OSError):
@@ -244,6 +250,7 @@ class IsolatedWorker:
             return
         process = child.process
         if kill and process.is_alive():
+            assert process.pid is not None  # alive: started
             try:
                 os.killpg(process.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

@@ -27,6 +27,7 @@ the reference's wq_b GEMM, and the implementation's own GEMM error on q reads as
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 
@@ -77,7 +78,7 @@ def logit_scale_error(
     a: torch.Tensor,
     ulp: torch.Tensor,
     finite: torch.Tensor | None,
-    context: dict[str, torch.Tensor],
+    context: Mapping[str, torch.Tensor],
 ) -> tuple[float, float] | None:
     """(c, z): the error's scale of the logits, and its size in spreads; None where the context holds no
     direction or the output has none (every row absent or one lane). `e`, `a` float64; `ulp` the

@@ -39,7 +39,7 @@ accepted unless `accept_signed_zeros` is false (an implementation's `strict_sign
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Literal
 
 from .errors import UsageError
 
@@ -99,7 +99,7 @@ class Policy:
     accept_boundary: bool = True
     # index kind only
     scores: str | None = None  # aux tensor with the reference scores the selection came from
-    order: str = "sequence"  # "sequence": position matters; "set": compared as sorted sets
+    order: Literal["sequence", "set"] = "sequence"  # "sequence": position matters; "set": compared as sorted sets
     largest: bool = True
     offset_param: str | None = None  # params key holding the id offset (scalar)
     limit: str | None = None  # aux tensor: per-row exclusive upper bound on valid ids
@@ -139,7 +139,7 @@ class Policy:
         unknown = set(overrides) - set(TUNABLE) - {"note"}
         if unknown:
             raise UsageError(f"{where}: unknown tolerance field(s) {sorted(unknown)}; allowed: {TUNABLE + ('note',)}")
-        clean = {}
+        clean: dict[str, Any] = {}
         for key, value in overrides.items():
             if key in FLAGS:
                 if not isinstance(value, bool):

@@ -6,6 +6,8 @@ take it (`<name>.exact_error`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 EXACT = ".exact"  # context suffix: `<output>.exact` holds the output's exact value before its roundings
@@ -13,7 +15,7 @@ EXACT_ERROR = ".exact_error"  # and `<output>.exact_error` how far the reference
 
 
 def as_precise(
-    name: str, e: torch.Tensor, a: torch.Tensor, ulp: torch.Tensor, context: dict[str, torch.Tensor]
+    name: str, e: torch.Tensor, a: torch.Tensor, ulp: torch.Tensor, context: Mapping[str, torch.Tensor]
 ) -> torch.Tensor | None:
     """Per element, its distance from the exact value (`<name>.exact`) over how far the reference's own
     roundings may take it (`<name>.exact_error`) plus the implementation's own final rounding: at most 1,
@@ -29,7 +31,7 @@ def as_precise(
 
 
 def precision_against_exact(
-    name: str, e: torch.Tensor, a: torch.Tensor, finite: torch.Tensor | None, context: dict[str, torch.Tensor]
+    name: str, e: torch.Tensor, a: torch.Tensor, finite: torch.Tensor | None, context: Mapping[str, torch.Tensor]
 ) -> dict | None:
     """For an output the context gives the exact (unrounded) value of (`<name>.exact`, NaN where it is
     not known): the L2 distances of the implementation's and the reference's values from it, over the

@@ -104,7 +104,7 @@ class CaseItem(pytest.Item):
 class ResultCollector:
     """Registered in the controlling process only; gathers every case's result."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.results: dict[str, dict] = {}
         self.crashed: dict[str, str] = {}
 

@@ -24,12 +24,19 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from .pytest_names import FROM_OPTION, NODE_PREFIX, OVERRIDE_CHECK, RUN
 from .pytest_plugin import MESSAGE_CHARS, RESULT_KEY, ResultCollector
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .execution import CaseExecutor
+    from .pool import CasePool
+    from .rundir import RunDir
+    from .shared_pool import SharedPool, SharedPoolClient
 
 PLAN_KEY = "v41_conformance_plan"  # the controller's plan, in every xdist worker's workerinput
 POOL_KEY = "v41_conformance_pool"  # the controller's shared isolation pool, in a local worker's workerinput
@@ -84,11 +91,15 @@ class ConformanceRun:
         self.ran = False
         self.collected: set[str] | None = None
         self.doc: dict | None = None
-        self._pool = None  # isolation children (v41_conformance.pool), or a worker's connection to the shared ones
-        self._shared = None  # the controller's pool for its local xdist workers (v41_conformance.shared_pool)
-        self._executor = None  # --conformance-no-isolate (v41_conformance.execution)
-        self._own_object = None  # a conftest's object: the configuration and manifest it is judged with
-        self._run_dir = None  # (the controller's RunDir, its scratch folder without a report dir)
+        # isolation children (v41_conformance.pool), or a worker's connection to the shared ones
+        self._pool: CasePool | SharedPoolClient | None = None
+        # the controller's pool for its local xdist workers (v41_conformance.shared_pool)
+        self._shared: SharedPool | None = None
+        self._executor: CaseExecutor | None = None  # --conformance-no-isolate (v41_conformance.execution)
+        # a conftest's object: the configuration and manifest it is judged with
+        self._own_object: tuple[Config, dict[str, dict[str, Any]]] | None = None
+        # (the controller's RunDir, its scratch folder without a report dir)
+        self._run_dir: tuple[RunDir, Path | None] | None = None
         if distributed:
             from .pytest_remote import join_for_workers
 
@@ -98,9 +109,10 @@ class ConformanceRun:
             self.collector = ResultCollector()
             config.pluginmanager.register(self.collector, "conformance-results")
         else:
-            self.plan = Plan(**config.workerinput[PLAN_KEY])
+            self.plan = Plan(**config.workerinput[PLAN_KEY])  # type: ignore[attr-defined]  # xdist's, on a worker
         self.refusal = _refusal(self.plan.run.get("harness_version"))
-        self.items = self.plan.order(int(config.workerinput["workercount"]) if not self.controller else 1)
+        workers = int(config.workerinput["workercount"]) if not self.controller else 1  # type: ignore[attr-defined]
+        self.items = self.plan.order(workers)
 
     # -- the plan (controller) -------------------------------------------------------------------
     def _plan_run(self, chosen: list[str]) -> None:
@@ -171,7 +183,7 @@ class ConformanceRun:
 
         report_dir = self.config.getoption("conformance_report_dir")
         scratch = None if report_dir else Path(tempfile.mkdtemp(prefix="conformance-"))
-        run_dir = RunDir(Path(report_dir) if report_dir else scratch)
+        run_dir = RunDir(Path(report_dir) if scratch is None else scratch)
         run_dir.__enter__()
         self._run_dir = (run_dir, scratch)
         return str(run_dir.path.resolve())

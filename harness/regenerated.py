@@ -20,6 +20,7 @@ may have done to them.
 from __future__ import annotations
 
 import hashlib
+from typing import cast
 
 import torch
 
@@ -114,4 +115,4 @@ def settle(golden: Golden, component) -> None:
             f"{golden.path}: the cached input(s) {damaged} did not match the SHA-256 the golden "
             "records, and the implementation ran on them; they are rebuilt now: run the case again"
         )
-    golden.inputs.update(fresh)
+    golden.inputs.update(cast(dict[str, torch.Tensor], fresh))  # none is None (damaged is empty)

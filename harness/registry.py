@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .policy import Policy
 
@@ -139,7 +139,7 @@ class OutputSpec:
     dtype: str = ""
     shape: str = ""
     scores: str | None = None  # index kind: aux tensor of reference scores ("in.<name>" for an input)
-    order: str = "sequence"
+    order: Literal["sequence", "set"] = "sequence"
     largest: bool = True
     offset_param: str | None = None
     limit: str | None = None  # index kind: aux tensor of per-row exclusive id limits
@@ -293,7 +293,9 @@ class Component:
             aux[CASE_DIGEST] = case_digest(outputs)
             for name in [k for k in outputs if self.intermediate_spec(k) is not None]:
                 value = outputs.pop(name)
-                kept = self.intermediate_spec(name).kept
+                spec = self.intermediate_spec(name)
+                assert spec is not None  # an intermediate (the list above)
+                kept = spec.kept
                 aux[name if kept == "aux" else f"{name}.digest"] = (
                     value.contiguous() if kept == "aux" else digests(value, 2)
                 )
@@ -315,7 +317,12 @@ class Component:
         missing = [p.name for p in self.params if p.required and not p.driver and p.name not in params]
         if missing:
             raise CaseSpecError(f"{where}: {self.name} needs param(s) {missing}")
-        return {k: self.param_spec(k).coerce(v, where) for k, v in params.items()}
+        typed: Params = {}
+        for k, v in params.items():
+            spec = self.param_spec(k)
+            assert spec is not None  # unknown params were refused above
+            typed[k] = spec.coerce(v, where)
+        return typed
 
     def output_names(self, params: Params) -> tuple[str, ...]:
         if self.expected_outputs is not None:

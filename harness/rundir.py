@@ -25,6 +25,7 @@ import signal
 import time
 import uuid
 from pathlib import Path
+from typing import IO
 
 from .errors import UsageError
 
@@ -40,7 +41,7 @@ class RunDir:
         self.report_dir = Path(report_dir)
         self.token = uuid.uuid4().hex
         self.path = self.report_dir / PRIVATE / self.token
-        self._lock = None
+        self._lock: IO[str] | None = None
 
     def __enter__(self) -> RunDir:
         self.report_dir.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ import time
 import traceback
 from collections import ChainMap
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,9 +184,10 @@ def _diagnose(
     def rejudge(variant_params: dict, stop_on: frozenset[str]):
         return rejudged(component, golden, actual, variant_params, config, impl_conf, stop_on)
 
-    screen = None
+    screen, screen_cost = None, 1.0
     step, schedule = result.first_divergent_step, params.get("schedule")
     if step is not None and isinstance(schedule, list) and step + 2 < len(schedule):
+        screen_cost = (step + 2) / len(schedule)
 
         def screen(variant_params: dict, stop_on: frozenset[str]):  # noqa: E306
             return rejudged(component, golden, actual, variant_params, config, impl_conf, stop_on, upto=step)
@@ -195,14 +196,7 @@ def _diagnose(
         f"step {result.first_divergent_step}" if result.first_divergent_step is not None else ""
     )
     found = diagnose(
-        component.name,
-        verdicts,
-        params,
-        rejudge,
-        config.diagnosis_budget,
-        at,
-        screen,
-        screen_cost=(step + 2) / len(schedule) if screen is not None else 1.0,
+        component.name, verdicts, params, rejudge, config.diagnosis_budget, at, screen, screen_cost=screen_cost
     )
     result.diagnosis = found.to_json()
     return found.lines()
@@ -407,7 +401,7 @@ class Message:
     lead: list[str] = field(default_factory=list)
     rest: list[str] = field(default_factory=list)
 
-    def text(self, diagnosis: list[str] = ()) -> str:
+    def text(self, diagnosis: Sequence[str] = ()) -> str:
         return "\n".join([*self.lead, *diagnosis, *self.rest]).strip("\n")
 
 
@@ -465,7 +459,8 @@ def _judged(
             parts.append(f"unexpected output(s) {extra}")
         result.status, result.kind = "error", names_error(missing)
         return Message([f"{'; '.join(parts)}; {component.name} returns {sorted(expected_names)}"])
-    failures, attribute_errors = [], []
+    failures: list[tuple[bool, str]] = []  # (explained, message)
+    attribute_errors: list[str] = []
     first_step = None
     stages = _verdicts(component, golden, actual, params, config, impl_conf, result)
     for stage in stages:
@@ -500,30 +495,30 @@ def _judged(
     result.chain = chain_summary(stages) if component.chain is not None else ""
     # Real differences (misses, mismatches, a policy) lead, in chain order; differences the harness
     # explains but this implementation's flags refuse (tie order, near ties, strict boundaries) follow.
-    failures = [message for _, message in sorted(failures, key=lambda f: f[0])]
+    failed = [message for _, message in sorted(failures, key=lambda f: f[0])]
     chain = [result.chain] if result.chain else []
     if attribute_errors:  # a protocol error: what was answered, before any value
         result.status, result.kind = "error", _protocol_kind(attribute_errors[0])
-        message = Message(attribute_errors + failures)
-    elif failures:
+        out = Message(attribute_errors + failed)
+    elif failed:
         result.status = "fail"
-        head = [f"first divergent step: {first_step}"] if first_step is not None else []
+        lead = [f"first divergent step: {first_step}"] if first_step is not None else []
         if result.first_divergent_stage:
-            head.append(f"first divergent stage: {result.first_divergent_stage}")
+            lead.append(f"first divergent stage: {result.first_divergent_stage}")
         # the first failure's evidence, then the chain (and the diagnosis), then the other failures
-        message = Message(head + failures[:1] + chain, failures[1:])
+        out = Message(lead + failed[:1] + chain, failed[1:])
     else:
         result.status = "partial" if declined else "pass"
         accepted = [f"{getattr(result, d.count)} {d.what}" for d in DIFFERENCES if getattr(result, d.count)]
-        message = Message((["; ".join(accepted) + " (accepted by policy)"] if accepted else []) + chain)
+        out = Message((["; ".join(accepted) + " (accepted by policy)"] if accepted else []) + chain)
     if declined:
         said = "; ".join(f"{n} ({r})" for n, r in sorted(declined.items()))
         judged = "judged on the others" + (
             ", those given a declined one given the reference's" if component.chain else ""
         )
-        message.lead.insert(0, f"declined output(s), not judged: {said}; {judged}")
+        out.lead.insert(0, f"declined output(s), not judged: {said}; {judged}")
         result.declined = sorted(declined)
-    return message
+    return out
 
 
 def _verdicts(

@@ -222,7 +222,7 @@ class StopSignals:
     """While the run lasts, SIGINT and SIGTERM stop pytest the way Ctrl-C does (the first one
     raises KeyboardInterrupt; later ones are only noted, so the reports still get written)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.signal: int | None = None
         self._previous: dict[int, Any] = {}
 

@@ -122,6 +122,7 @@ def shrink_candidates(space: Space, params: dict[str, Any], build: dict[str, Any
 
 
 def _inside(space: Space, params: dict[str, Any], build: dict[str, Any]) -> bool:
+    assert space.contains is not None  # asked only of a space with a contains
     try:
         return bool(space.contains(params, build))
     except (KeyError, TypeError, ValueError, IndexError):  # a key the candidate dropped

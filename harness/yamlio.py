@@ -12,7 +12,7 @@ BASE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class _UniqueKeyLoader(BASE_LOADER):  # type: ignore[misc,valid-type]
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node, deep=False) -> dict:
         if isinstance(node, yaml.MappingNode):
             seen: dict = {}
             for key_node, _ in node.value:

@@ -123,6 +123,15 @@ def test_unknown_impl_is_a_usage_error():
     assert "unknown --impl 'no-such-impl'" in proc.stderr and "numpy-example" in proc.stderr
 
 
+def test_an_impl_path_that_is_no_python_source_is_a_usage_error(tmp_path):
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "notes.txt").write_text("x = 1\n")
+    for target in ("./kernels:Impl", "./notes.txt:Impl"):  # the path form: a folder, a file of another kind
+        proc = run_cli("run", "--impl", target, "--report-dir", str(tmp_path / "r"), cwd=tmp_path)
+        assert proc.returncode == 2 and "is not a Python source file" in proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr
+
+
 def test_malformed_config_is_a_usage_error_naming_the_file(tmp_path):
     project = make_project(tmp_path, ["quant.e2m1"])
     (project / "conformance.yaml").write_text("tolerances: [this is: not a mapping\n")

@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     import torch
+
+    # What `run` returns: named output tensors, some of them `Declined` (a dict: the runner refuses
+    # anything else). Two dicts, as a dict's value type is invariant: a port annotated
+    # `-> dict[str, torch.Tensor]` is an Implementation too.
+    Outputs: TypeAlias = "dict[str, torch.Tensor] | dict[str, torch.Tensor | Declined]"
 
 
 class Unsupported(Exception):
@@ -47,6 +54,4 @@ class Implementation(Protocol):
 
     def supports(self, component: str) -> bool: ...
 
-    def run(
-        self, component: str, inputs: dict[str, torch.Tensor], params: dict[str, Any]
-    ) -> dict[str, torch.Tensor]: ...
+    def run(self, component: str, inputs: dict[str, torch.Tensor], params: dict[str, Any]) -> Outputs: ...

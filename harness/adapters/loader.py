@@ -128,6 +128,11 @@ def _load_target(target: str, root: Path):
             sys.path.insert(0, folder)
         name = f"conformance_impl_{abs(hash(str(path.resolve())))}"
         module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:  # a folder, foo.txt: no Python source
+            raise UsageError(
+                f"--impl {target!r}: {path} is not a Python source file; give a .py file "
+                "(path/file.py:attr) or an importable module (package.module:attr)"
+            )
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[name] = module
         try:

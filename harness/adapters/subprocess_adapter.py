@@ -21,7 +21,7 @@ import shlex
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -126,7 +126,7 @@ class SubprocessAdapter:
         self._patterns = list(supports) if supports is not None else None  # conformance.yaml's supports:
         self._answer: list[str] | None = None  # what `COMMAND components` lists
         self._server: subprocess.Popen | None = None
-        self._stderr = None  # the batch process's stderr file
+        self._stderr: IO[bytes] | None = None  # the batch process's stderr file
         self._stderr_read = 0
         self._tmp = tempfile.TemporaryDirectory(prefix="conformance-io-")
         self._count = 0
@@ -221,6 +221,7 @@ class SubprocessAdapter:
                 cwd=self.root,
             )
         server = self._server
+        assert server.stdin is not None and server.stdout is not None  # started with both piped
         try:
             server.stdin.write(f"run {component} {in_path} {out_path}\n")
             server.stdin.flush()
@@ -260,6 +261,7 @@ class SubprocessAdapter:
             try:
                 if kill:
                     raise ProcessLookupError
+                assert self._server.stdin is not None  # started with stdin piped
                 self._server.stdin.close()
                 self._server.wait(timeout=5)
             except Exception:

@@ -27,6 +27,7 @@ harness judged, never taken from what the implementation passed itself.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 
@@ -113,6 +114,12 @@ class Call:
 
     def name(self, stage: str) -> str:
         return layer_name(self.step, self.layer, stage)
+
+
+def _full(given: Given) -> torch.Tensor:
+    """A stage the chain always holds in full (the window rows, the ring before, the cache seen): never Lazy."""
+    assert given.full is not None
+    return given.full
 
 
 class AttentionChain:
@@ -278,6 +285,7 @@ class AttentionChain:
             self._record(name, self.judge(name, golden, actual, {}), own, assumed, intermediate=intermediate)
             c.given[stage] = Given(name, rows_of(golden, 2))
             return c.given[stage]
+        assert actual is not None  # attribute_problem: a tensor of the golden's dtype and shape
         differ = differing(actual, golden, 2)
         verdict, expected, n = judge_rows(self.judge, name, actual, golden, differ, compute, 2, extra)
         sv = self._record(name, verdict, own, assumed, n, hint_for=stage, intermediate=intermediate)
@@ -347,13 +355,13 @@ class AttentionChain:
         owners = [f"l{c.layer}.kv" for c in calls if c.given["kv"].own]
         others = ["kv"] if len(owners) < len(calls) else []
         sv = self._record(name, self.judge(name, expected, actual, extra), owners, others, hint_for="window_rows")
-        own = not attribute_problem(actual, golden.dtype, tuple(golden.shape))
-        given = actual if own else expected
+        returned = not attribute_problem(actual, golden.dtype, tuple(golden.shape))
+        given = cast(torch.Tensor, actual) if returned else expected  # returned: a tensor (attribute_problem)
         win = self.cfg.window_size
         for c in calls:
             slots = [p % win for p in range(max(c.start, c.end - win), c.end)]
             self.rings[c.layer][:, slots] = given[c.layer]
-            c.given["window_rows"] = Given(name, given[c.layer], own=own, passed=sv.explained)
+            c.given["window_rows"] = Given(name, given[c.layer], own=returned, passed=sv.explained)
 
     def _latent(self, c: Call) -> None:
         """The compressor's rows this step closed, before RoPE (what kv_finish takes): judged against
@@ -401,6 +409,7 @@ class AttentionChain:
         pre, expected = golden_pre, golden
         if own:
             quantise = nx.fp4_qdq_e4m3 if fmt == "fp4_e4m3" else nx.fp4_qdq_e8m0
+            assert actual_pre is not None  # own: _output found it a tensor of the golden's dtype and shape
             pre = actual_pre
             expected = quantise(actual_pre).y if actual_pre.shape[1] else golden
         extra = {pre_name: pre, pre_name + OWN: torch.full(pre.shape, own)}
@@ -510,6 +519,7 @@ class AttentionChain:
         if attribute_problem(actual, golden.dtype, tuple(golden.shape)):
             self._output(c, "candidates", lambda rows: select(rows).mask[0], ("index_scores",))
             return
+        assert actual is not None  # attribute_problem: a tensor of the golden's dtype and shape
         own, assumed = self._inputs(c, "index_scores")
         verdict, expected, n = judge_rows(
             self.judge, name, actual, golden, differing(actual, golden, 2), lambda rows: select(rows).mask[0], 2
@@ -540,6 +550,7 @@ class AttentionChain:
 
     def _reused_ids(self, c: Call) -> None:
         """A Reuse layer attends its index source's selection as that source returned it (exactly)."""
+        assert c.role.index_source is not None  # a compressed layer that is no index source reuses one's
         source = self.calls[(c.step, c.role.index_source)]
         c.given["source_ids"] = source.given["compressed_ids"]
 
@@ -553,7 +564,7 @@ class AttentionChain:
         """bf16 [n, hd]: the rows call `c` attends for sequence `bi`: its window part, then the
         compressed rows it sees (docs/attention.md), as the chain knows them."""
         S = c.S
-        written = c.given["window_rows"].full[bi]  # [n, hd], positions max(start, end - win) .. end - 1
+        written = _full(c.given["window_rows"])[bi]  # [n, hd], positions max(start, end - win) .. end - 1
         n = written.shape[0]
         if c.start > 0 and S == 1:
             part = self.rings[c.layer][bi]
@@ -561,11 +572,11 @@ class AttentionChain:
             rows = torch.arange(S - n) + bi * S  # positions the ring no longer holds
             early = nx.fp8_qdq_ue8m0(c.given["kv"].rows(rows), FP8_BLOCK).y if rows.numel() else written[:0]
             chunk = torch.cat([early, written])
-            part = chunk if c.start == 0 else torch.cat([c.given["ring_before"].full[bi], chunk])
+            part = chunk if c.start == 0 else torch.cat([_full(c.given["ring_before"])[bi], chunk])
         if not c.role.ratio:
             return part
         T = c.end // c.role.ratio
-        seen = self.caches[c.layer] if c.role.is_kv_source else c.given["kv_seen"].full
+        seen = self.caches[c.layer] if c.role.is_kv_source else _full(c.given["kv_seen"])
         return torch.cat([part, seen[bi, :T]])
 
     def _o(self, c: Call) -> None:

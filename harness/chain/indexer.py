@@ -112,6 +112,7 @@ def judge_indexer(
     if attribute_problem(got, golden["scores"].dtype, tuple(golden["scores"].shape)):
         result.verdicts.append(StageVerdict("scores", judge("scores", golden["scores"], got, {})))
     else:
+        assert got is not None  # attribute_problem: a tensor of the golden's dtype and shape
         differ = differing(got, golden["scores"], 2)
         verdict, expected, n = judge_rows(
             judge,
@@ -147,6 +148,7 @@ def judge_indexer(
     if attribute_problem(ids, golden["ids"].dtype, tuple(golden["ids"].shape)):
         result.verdicts.append(StageVerdict("ids", judge("ids", golden["ids"], ids, {})))
         return result
+    assert ids is not None  # attribute_problem: a tensor of the golden's dtype and shape
     differ = differing(ids, golden["ids"], 2)
 
     def ranked(rows, values):

@@ -193,6 +193,7 @@ class Given:
     def rows(self, rows: torch.Tensor) -> torch.Tensor:
         if self.full is not None:
             return self.full[rows]
+        assert self.lazy is not None  # every Given holds its value in full or lazily
         return self.lazy.rows(rows)
 
 
@@ -204,7 +205,7 @@ def judge_rows(
     differ: torch.Tensor,
     reference: Callable[[torch.Tensor], torch.Tensor],
     lead: int,
-    extra: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]] | None = None,
+    extra: Callable[[torch.Tensor, torch.Tensor | None], dict[str, torch.Tensor]] | None = None,
 ) -> tuple[OutputVerdict, torch.Tensor, int]:
     """(verdict, expected, rows rederived) for one stage whose differing rows are rederived.
 
@@ -214,7 +215,10 @@ def judge_rows(
     -> aux tensors the comparator needs for them (term scales, the scores a selection ranked).
     """
     rows = differ.nonzero().flatten()
-    values = reference(rows) if rows.numel() else None
-    expected = assemble(base, rows, values, lead) if rows.numel() else base
+    values: torch.Tensor | None = None  # the rederived rows (None: no row differs)
+    expected = base
+    if rows.numel():
+        values = reference(rows)
+        expected = assemble(base, rows, values, lead)
     context = extra(rows, values) if extra is not None else {}
     return judge(name, expected, actual, context), expected, int(rows.numel())

@@ -15,6 +15,7 @@ generalisation of §10.3 (`generalisation`, `schedule_kind`); case ids end in `-
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
@@ -149,12 +150,15 @@ def _layer_weights(inputs: dict, role: LayerRole, cfg: AttnConfig) -> LayerWeigh
     if role.is_kv_source:
         wkv, gate = inputs["comp.wkv"], inputs.get("comp.wgate")
         if role.ratio == 2:  # upstream's ratio-2 Compressor Linear is fp32 (exact promotion)
+            assert gate is not None  # a ratio-2 kv source's inputs carry comp.wgate (_inputs)
             wkv, gate = wkv.float(), gate.float()
         comp = CompressorWeights(wkv, inputs["comp.norm"], gate, cfg.norm_eps)
     if role.is_index_source:
         indexer = IndexerWeights(weight_input(inputs, "idx.wq_b"), inputs["idx.weights_proj"])
+    # Fp8Weight only for the fp8 Linears: the norms and wo_a come with no .scale (a dict cannot say which is which)
+    base: dict[str, Any] = {n: weight_input(inputs, n) for n in BASE_WEIGHTS}
     return LayerWeights(
-        **{n: weight_input(inputs, n) for n in BASE_WEIGHTS},
+        **base,
         attn_sink=inputs["attn_sink"],
         compressor=comp,
         indexer=indexer,
@@ -216,7 +220,7 @@ def _reference(inputs, params):
     return _run_reference(inputs, params)[0]
 
 
-def _reference_with_aux(inputs, params):
+def _reference_with_aux(inputs, params) -> tuple[dict, dict[str, torch.Tensor]]:
     """The reference outputs and what the comparator needs per step, in one pass:
 
     - `sNN.lK.scores` (per compressed layer): the masked index scores its compressed ids came

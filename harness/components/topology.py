@@ -53,7 +53,9 @@ def _expand(spec: CaseSpec) -> list[CaseSpec]:
         main_kv, index_k, index, candidate = topology_maps(layer_roles(DERIVED[derived]))
         params.update(main_kv=main_kv, index_k=index_k, index=index, candidate=candidate)
     maps = _maps(params)
-    verdict = validate_topology(maps["main_kv"], maps["index_k"], maps["index"], maps["candidate"])
+    kv_map, k_map, index_map = maps["main_kv"], maps["index_k"], maps["index"]
+    assert kv_map is not None and k_map is not None and index_map is not None  # _maps: only candidate may be None
+    verdict = validate_topology(kv_map, k_map, index_map, maps["candidate"])
     build = {**spec.build, "expected_message": verdict.message}  # metadata only: never sent to the impl
     return [dataclasses.replace(spec, params=params, build=build)]
 

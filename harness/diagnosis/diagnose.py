@@ -300,7 +300,7 @@ def _pair(
     that moves what it leaves, then two variants that each move a failing output."""
     movers = [s for s in singles if not s.breaks and s.judged.changed & set(failing)]
     want = set(failing)
-    seen: set[tuple[str, str]] = set()
+    seen: set[tuple[str, ...]] = set()
     ordered = [(a, b) for a, b in itertools.combinations(causes, 2) if a.explains | b.explains == want]
     ordered += [(a, b) for a in causes for b in movers if b is not a and b.judged.changed & (want - a.explains)]
     ordered += list(itertools.combinations(movers, 2))

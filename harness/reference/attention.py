@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -141,7 +141,7 @@ def init_weights(cfg: AttnConfig, seed: int) -> tuple[LayerWeights, ...]:
     group_in = h * hd // cfg.o_groups
     layers = []
     for role in layer_roles(cfg):
-        base = dict(
+        base: dict[str, Any] = dict(
             wq_a=lin(cfg.q_lora_rank, cfg.dim),
             q_norm=norm(cfg.q_lora_rank),
             wq_b=lin(h * hd, cfg.q_lora_rank),

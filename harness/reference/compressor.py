@@ -267,10 +267,12 @@ def compressor_step(
     end = start + n
     positions = torch.tensor([j * ratio for j in completed_groups(start, end, ratio)], dtype=torch.int64)
     if ratio == 1:
-        if ring is not None and (_check_ring(ring, b, hd) or ring.shape[1] != 0):
-            raise ValueError(
-                f"ratio 1 keeps no state: pass ring=None or a [b, 0, 2, hd] tensor, got {tuple(ring.shape)}"
-            )
+        if ring is not None:
+            _check_ring(ring, b, hd)
+            if ring.shape[1] != 0:
+                raise ValueError(
+                    f"ratio 1 keeps no state: pass ring=None or a [b, 0, 2, hd] tensor, got {tuple(ring.shape)}"
+                )
         if weights.wkv.dtype != torch.bfloat16:
             raise ValueError(f"ratio 1 wkv is a bf16 Linear (§3.1), got {weights.wkv.dtype}")
         return StepResult(_norm(linear_bf16(x_chunk, weights.wkv), weights), positions, new_ring(b, 0, hd))
@@ -345,6 +347,7 @@ def compressor_run(
         ring = res.ring
         kept_rows.extend(res.rows.split(1, dim=1))
         kept_pos.extend(int(p) for p in res.row_positions)
+    assert ring is not None  # every step returns a ring, and a schedule has a step at least (validate_schedule)
     rows = _cat_rows(kept_rows, x.shape[0], weights.head_dim)
     return RunResult(rows, torch.tensor(kept_pos, dtype=torch.int64), ring, results)
 

@@ -22,6 +22,7 @@ resulting source maps are checked with `topology.validate_topology`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from v41_conformance.reference.topology import validate_topology
 
@@ -66,7 +67,8 @@ class AttnConfig:
     @classmethod
     def from_dict(cls, fields: dict) -> AttnConfig:
         """The config from its fields as a golden's JSON metadata holds them (lists back to tuples)."""
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+        return cls(**values)
 
     @property
     def n_total_layers(self) -> int:

@@ -46,7 +46,7 @@ class Fp8Weight(NamedTuple):
     scale_bytes: torch.Tensor
 
     @property
-    def shape(self) -> tuple[int, int]:
+    def shape(self) -> tuple[int, ...]:  # [N, K], as the tensor's
         return tuple(self.codes.shape)
 
 

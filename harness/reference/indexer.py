@@ -135,7 +135,9 @@ def index_scores_with_terms(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -
     cancellation) land a few fp32 ulps of sum_d |q_hd k_d| away; either moves the score by a few
     bf16 ulps of this scale (the `terms` allowance of conformance.yaml, docs/verdicts.md)."""
     _check_score_operands(q, k, w)
-    return _scores_and_terms(q, k, w, with_terms=True)
+    scores, terms = _scores_and_terms(q, k, w, with_terms=True)
+    assert terms is not None  # with_terms
+    return scores, terms
 
 
 def exact_index_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -125,6 +125,7 @@ def kv_finish(
         raise ValueError("give both wk and k_norm_w (index branch) or neither")
     if wk is None:
         return KvFinish(main, rope, main_packed, main_scales, None, None, None, None)
+    assert k_norm_w is not None  # given with wk (checked above)
     norm, index_rope, index_k, index_packed, index_scales = finish_index(
         latent, positions, wk, k_norm_w, table, rope_dim, eps
     )

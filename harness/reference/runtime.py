@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -64,7 +65,7 @@ class SharedRuntime:
             raise ValueError(
                 f"unknown shared slots {sorted(unknown)}; the slots are compress_kv, index_k, topk_idxs, candidates"
             )
-        changes = dict(slots)
+        changes: dict[str, Any] = dict(slots)
         changes.update({f"{name}_from": layer for name in slots})
         return dataclasses.replace(self, **changes)
 

@@ -139,7 +139,8 @@ def kinds_first(cases: list[dict]) -> tuple[list[dict], dict[str, int]]:
     """The cases with the first of each kind ahead of the repeats, and how many there are of each
     kind (most first): a summary that shows a few cases shows every kind."""
     counts: dict[str, int] = {}
-    first, repeats = [], []
+    first: list[dict] = []
+    repeats: list[dict] = []
     for case in cases:
         kind = kind_of(case)
         (repeats if kind in counts else first).append(case)

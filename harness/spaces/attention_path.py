@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from ..space import Spec, log_int, register_space, Space
 
@@ -83,7 +84,7 @@ def _compressor(rng: random.Random) -> Spec:
     7 slots where it suffices), peaked or flat gate scores, another norm eps now and then."""
     ratio = 2 if rng.random() < 0.75 else 1
     name = _schedule_for_stream(rng)
-    build = {
+    build: dict[str, Any] = {
         "dim": 16 * log_int(rng, 1, 320),
         "head_dim": 16 * log_int(rng, 1, 32),
         "batch": _batch(rng),
@@ -95,7 +96,7 @@ def _compressor(rng: random.Random) -> Spec:
             build["ring_slots"] = 7 if need <= 7 and rng.random() < 0.5 else need + log_int(rng, 1, 8)
         if rng.random() < 0.3:
             build["score_scale"] = rng.choice([0.01, 0.3, 3.0, 30.0, 300.0])
-    params = {"ratio": ratio}
+    params: dict[str, Any] = {"ratio": ratio}
     if rng.random() < 0.1:
         params["eps"] = rng.choice([1e-6, 1e-5])
     return params, build
@@ -232,7 +233,7 @@ def _attention(rng: random.Random) -> Spec:
     params = {"config": "tiny-a", "index_k_policy": rng.choice(["upstream", "fixed"])}
     if rng.random() < 0.3:
         params["weights"] = "fp8"
-    build = {"batch": 1 if rng.random() < 0.65 else 2, "schedules": [_attention_schedule(rng)]}
+    build: dict[str, Any] = {"batch": 1 if rng.random() < 0.65 else 2, "schedules": [_attention_schedule(rng)]}
     if rng.random() < 0.2:
         build["x_scale"] = rng.choice([0.1, 0.5, 2.0, 8.0])
     return params, build

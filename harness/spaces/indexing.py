@@ -21,6 +21,7 @@ plus `runner.judge_golden` over a few hundred draws, then doubled (a loaded mach
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from ..space import Spec, Space, log_int, register_space
 
@@ -109,7 +110,7 @@ def _topk(rng: random.Random) -> Spec:
         else:
             k = log_int(rng, n // 64 + 1, n)
     rows = log_int(rng, 1, max(1, min(16, (1 << 21) // n)))
-    build = {"kind": kind, "shape": [rows, n]}
+    build: dict[str, Any] = {"kind": kind, "shape": [rows, n]}
     if kind == "few_values":
         build["pool"] = sorted(rng.sample([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, 5.0], rng.randint(1, 5)))
     elif kind == "ninf_scattered":
@@ -233,7 +234,7 @@ def _scores(rng: random.Random) -> Spec:
     T = log_int(rng, 1, 16384)
     while b * S * H * D * T > 2e8 and T > 1:  # the exact float64 einsum
         T //= 2
-    build = {"shape": [b, S, H, D, T]}
+    build: dict[str, Any] = {"shape": [b, S, H, D, T]}
     if not qdq:
         build["qdq"] = False
     if rng.random() < 0.3:
@@ -318,7 +319,12 @@ def _select(rng: random.Random) -> Spec:
     seen = (start + S) // ratio
     slack = rng.choice([0, 0, log_int(rng, 1, 64)])
     T = seen + slack
-    params = {"start": start, "ratio": ratio, "index_topk": _topk_count(rng, seen), "offset": _offset(rng, S)}
+    params: dict[str, Any] = {
+        "start": start,
+        "ratio": ratio,
+        "index_topk": _topk_count(rng, seen),
+        "offset": _offset(rng, S),
+    }
     if rng.random() < 0.4:
         params["candidate_leak"] = rng.choice(["upstream", "drop"])
     build: dict = {}
@@ -403,7 +409,7 @@ def _forward(rng: random.Random) -> Spec:
         q_lora = log_int(rng, 1, 512)  # a bf16 wq_b takes any q_lora
     b, S, start = _chunk(rng, ratio, key_budget // D, most_s=8 if production or long else 32, b=b, far=long)
     T = (start + S) // ratio
-    params = {
+    params: dict[str, Any] = {
         "start": start,
         "ratio": ratio,
         "rope_dim": rope_dim,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 from ..space import Spec, Space, log_int, register_space
 
@@ -233,7 +234,7 @@ def _linear_f32(rng: random.Random) -> Spec:
         k, n = log_int(rng, 1, 8192), log_int(rng, 1, 4096)
     while n * k > (1 << 22) and n > 1:
         n //= 2
-    build = {"mkn": [m, k, n]}
+    build: dict[str, Any] = {"mkn": [m, k, n]}
     if rng.random() < 0.3:
         build["bf16_valued"] = False
     if rng.random() < 0.3:
@@ -282,7 +283,7 @@ def _norm_rms(rng: random.Random) -> Spec:
     m = log_int(rng, 1, 256)
     while m * d > (1 << 20) and m > 1:
         m //= 2
-    build = {"shape": [m, d]}
+    build: dict[str, Any] = {"shape": [m, d]}
     if rng.random() < 0.3:
         build["dtype"] = "f32"
     if rng.random() < 0.5:
@@ -516,7 +517,7 @@ def _kv_finish(rng: random.Random) -> Spec:
         build["row_scales"] = [
             rng.choice([1.0, 0.001, 0.01, 40.0, 1000.0, _pow2_scale(rng, -24, 12)]) for _ in range(log_int(rng, 1, 6))
         ]
-    params = {"ratio": ratio, "rope_dim": rope}
+    params: dict[str, Any] = {"ratio": ratio, "rope_dim": rope}
     if rng.random() < 0.2:
         params["eps"] = rng.choice([1e-6, 1e-12, 1e-20])
     return params, build
