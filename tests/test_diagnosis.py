@@ -27,6 +27,11 @@ MANIFEST = read_manifest(CONFIG.goldens)
 
 # Where each variant shows, in cheap cases (the first two of the pattern it changes are judged).
 WHERE = {
+    "e2m1-ties-toward-zero": "quant.e2m1/*",
+    "e2m1-dequant-minus-zero-as-plus-zero": "quant.e2m1/*",
+    "fp4-amax-floor-1e-4": "quant.fp4_e8m0/zero-blocks-*",
+    "fp4-amax-floor-1e-12": "quant.fp4_e8m0/zero-blocks-*",
+    "fp8-scale-floor-1e-4": "quant.fp8_ue8m0/zero-blocks-*",
     "rmsnorm-bf16-before-weight": "norm.rms/*",
     "rmsnorm-eps": "norm.rms/small-rows-*",
     "rope-bf16-table": "rope.apply/*",

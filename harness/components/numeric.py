@@ -42,8 +42,8 @@ def _e2m1_inputs(params, build, gen):
 
 
 def _e2m1_reference(inputs, params):
-    y = nx.e2m1_round(inputs["v"])  # looked up at call time, like the quantisers below
-    return {"codes": nx.e2m1_encode(y), "y": y}
+    codes = nx.e2m1_encode(nx.e2m1_round(inputs["v"]))  # looked up at call time, like the quantisers below
+    return {"codes": codes, "y": nx.e2m1_decode(codes)}  # the grid value back, -0 at code 8
 
 
 register(

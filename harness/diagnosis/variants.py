@@ -28,6 +28,7 @@ E2M1_USERS = ("quant.e2m1", "quant.fp4_*", "kv.finish", "compressor", "indexer",
 FP4_E4M3_USERS = ("quant.fp4_e4m3", "kv.finish", "compressor", "attention")
 FP8_USERS = ("quant.fp8_ue8m0", "linear.fp8", "attention", "indexer")
 POW2_USERS = ("quant.fp4_e8m0", "quant.fp8_ue8m0", "linear.fp8", "kv.finish", "compressor", "indexer", "attention")
+FP4_E8M0_USERS = ("quant.fp4_e8m0", "kv.finish", "indexer", "attention")
 SCORE_USERS = ("indexer.scores", "indexer", "attention")
 SELECT_USERS = ("indexer.select", "indexer", "candidates.select", "attention", "topk.*")
 
@@ -278,6 +279,69 @@ def _fp4_e4m3_bf16_scale(original):
         return nx.QuantResult(y, codes, original(x, block).scale_bytes, s)
 
     return fp4_qdq_e4m3
+
+
+# --- what GPU libraries' quantisers do ---------------------------------------------------------
+
+
+def _e2m1_ties_toward_zero(original):
+    """e2m1 rounding whose midpoints all go to the smaller magnitude: code = how many of the midpoints
+    0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 lie strictly below |v|. DeepGEMM's `deep_gemm/utils/math.py`
+    (`_quantize_to_fp4_e2m1`, behind `per_token_cast_to_fp4`) buckets |v| with `torch.bucketize` over
+    those midpoints (a value equal to one lands in the lower bucket); TensorRT-LLM's
+    `cpp/tensorrt_llm/kernels/fusedCatFp4.cu` (`quantizeFp4E2M1`) sums `|v| > midpoint`. Upstream's
+    ties-to-even sends 0.25, 1.25, 2.5 and 5 down too, so only 0.75, 1.75 and 3.5 (in units of the
+    block scale) differ: the even code is above them. Both libraries also drop the sign of a negative
+    value that rounds to zero: that is `e2m1-minus-zero-lost`, left out here (one deviation per
+    variant; a port with both is named as the pair)."""
+
+    def e2m1_round(v):
+        q = original(v)
+        mag = v.abs().clamp(max=6.0)
+        step = torch.where(mag < 2.0, 0.5, torch.where(mag < 4.0, 1.0, 2.0))  # the grid spacing of mag's binade
+        units = mag / step  # exact: step is a power of two
+        tie = (units - torch.floor(units)) == 0.5
+        down = torch.copysign(torch.floor(units) * step, q)  # the lower neighbour, with the sign `original` gave
+        return torch.where(tie, down, q)
+
+    return e2m1_round
+
+
+def _e2m1_decode_plus_zero(original):
+    """A dequantisation table with +0 at code 8: DeepGEMM's `deep_gemm/utils/math.py`
+    (`_dequantize_from_fp4_e2m1`, used by `cast_back_from_fp4`) negates a value only where its sign bit
+    is set and its magnitude index is not 0, so the code of -0 reads back as +0. The codes are
+    untouched."""
+
+    def e2m1_decode(codes):
+        values = original(codes)
+        return torch.where(values == 0, torch.zeros_like(values), values)
+
+    return e2m1_decode
+
+
+def _fp8_scale_floor(floor: float):
+    """fp8 scales floored *after* the division by 448: s = 2^ceil(log2(max(amax / 448, floor))), where
+    upstream floors amax itself (max(amax, 1e-4), then amax * fp32(1/448)). FlashMLA's test reference
+    `tests/quant.py` (`_cast_scale_inv_to_ue8m0`, used by `quantize_k_cache`) clamps the scale at 1e-4
+    this way, so every block whose amax is at most 448 * 2^-14 (about 0.027) gets the scale 2^-13 instead
+    of its own. The division and torch's log2/ceil give the same power of two as upstream's product and
+    bit trick on every bf16 amax (tests/test_diagnosis_libraries.py checks all of them)."""
+
+    def make(original):
+        from ..reference import numerics as nx
+
+        def fp8_qdq_ue8m0(x, b=32):
+            xg = nx._blocks(x, b, "fp8_qdq_ue8m0")
+            amax = xg.abs().amax(dim=-1)  # [..., nb]
+            s = nx.pow2_ceil((amax * nx.FP8_MAX_INV).clamp_min(floor))
+            q8 = (xg / s.unsqueeze(-1)).clamp(-nx.E4M3_MAX, nx.E4M3_MAX).to(torch.float8_e4m3fn)
+            y = (q8.to(torch.float32) * s.unsqueeze(-1)).flatten(-2).to(torch.bfloat16)
+            return nx.QuantResult(y, q8.view(torch.uint8).flatten(-2), nx.e8m0_byte(s), s)
+
+        return fp8_qdq_ue8m0
+
+    return make
 
 
 # --- fp8 Linear --------------------------------------------------------------------------------
@@ -558,6 +622,40 @@ VARIANTS: tuple[Variant, ...] = (
         _wrap(f"{NUMERICS}:e2m1_round", _e2m1_ties_away),
     ),
     Variant(
+        "e2m1-ties-toward-zero",
+        "fp4 (e2m1) rounding with every midpoint to the smaller magnitude (0.75 -> 0.5, 1.75 -> 1.5, 3.5 -> 3 "
+        "in units of the block scale) where upstream rounds to the even code (DeepGEMM per_token_cast_to_fp4, "
+        "TensorRT-LLM fusedCatFp4)",
+        "numerics.e2m1_round: ties toward zero",
+        E2M1_USERS,
+        _wrap(f"{NUMERICS}:e2m1_round", _e2m1_ties_toward_zero),
+    ),
+    Variant(
+        "e2m1-dequant-minus-zero-as-plus-zero",
+        "fp4 (e2m1) codes right (code 8 kept for a negative value that rounds to zero) but dequantised "
+        "through a table with +0 at code 8: the value is +0 where upstream's is -0 (DeepGEMM cast_back_from_fp4)",
+        "numerics.e2m1_decode: +0 at code 8",
+        E2M1_USERS,
+        _wrap(f"{NUMERICS}:e2m1_decode", _e2m1_decode_plus_zero),
+    ),
+    Variant(
+        "fp4-amax-floor-1e-4",
+        "fp4 power-of-two scales with amax floored at 1e-4 where upstream floors at 6 * 2^-126: an all-zero "
+        "block gets the scale 2^-15 instead of 2^-126, a block below 1e-4 a coarser scale "
+        "(DeepGEMM per_token_cast_to_fp4)",
+        "numerics.FP4_E8M0_AMAX_FLOOR: 1e-4",
+        FP4_E8M0_USERS,
+        lambda: constant(f"{NUMERICS}:FP4_E8M0_AMAX_FLOOR", 1e-4),
+    ),
+    Variant(
+        "fp4-amax-floor-1e-12",
+        "fp4 power-of-two scales with amax floored at 1e-12 where upstream floors at 6 * 2^-126: an all-zero "
+        "block gets the scale 2^-42 instead of 2^-126 (TensorRT-LLM fusedCatFp4)",
+        "numerics.FP4_E8M0_AMAX_FLOOR: 1e-12",
+        FP4_E8M0_USERS,
+        lambda: constant(f"{NUMERICS}:FP4_E8M0_AMAX_FLOOR", 1e-12),
+    ),
+    Variant(
         "pow2-scale-floor",
         "power-of-two scales rounded down (floor) instead of up (ceil)",
         "numerics.pow2_ceil: floor",
@@ -592,6 +690,14 @@ VARIANTS: tuple[Variant, ...] = (
         "numerics.fp8_qdq_ue8m0: zero blocks NaN",
         FP8_USERS,
         _wrap(f"{NUMERICS}:fp8_qdq_ue8m0", _fp8_no_floor),
+    ),
+    Variant(
+        "fp8-scale-floor-1e-4",
+        "fp8 scales floored at 1e-4 after the division by 448 (max(amax / 448, 1e-4)) where upstream floors "
+        "amax at 1e-4: every block with amax up to about 0.027 gets the scale 2^-13 (FlashMLA quantize_k_cache)",
+        "numerics.fp8_qdq_ue8m0: scale floor 1e-4",
+        FP8_USERS,
+        _wrap(f"{NUMERICS}:fp8_qdq_ue8m0", _fp8_scale_floor(1e-4)),
     ),
     Variant(
         "fp4-e4m3-as-pow2-blocks-32",

@@ -11,10 +11,10 @@ Everything here is a pure function of tensors on the CPU. Upstream anchors
 - `rms_norm`: `RMSNorm.forward` (M:281-293, doc §3.3).
 - `linear_f32` / `linear_bf16`: `F.linear` as `linear()` uses it without quantised weights (M:181-207).
 
-Override point: every component and reference module looks the quantisers (and `e2m1_round`)
-up in this module when it calls them, so replacing `v41_conformance.reference.numerics.fp4_qdq_e4m3` (an
-experiment, a test's deliberate bug) reaches `quant.*`, `kv.finish`, `indexer` and `attention`
-alike.
+Override point: every component and reference module looks the quantisers (and `e2m1_round`,
+`e2m1_decode`) up in this module when it calls them, so replacing
+`v41_conformance.reference.numerics.fp4_qdq_e4m3` (an experiment, a test's deliberate bug) reaches
+`quant.*`, `kv.finish`, `indexer` and `attention` alike.
 
 The kernels are fake-quantisers: they quantise and immediately dequantise back into bf16. The
 functions below also return what a deployment would store (e2m1 / e4m3 codes and the scale
@@ -209,11 +209,14 @@ def _blocks(x: torch.Tensor, block: int, name: str) -> torch.Tensor:
 
 
 def _fp4_codes_and_y(xg: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shared fp4 tail (K41:165-170): v = clamp(x / s, -6, 6), e2m1, y = bf16(e2m1 * s)."""
+    """Shared fp4 tail (K41:165-170): v = clamp(x / s, -6, 6), e2m1, y = bf16(e2m1 * s).
+
+    y is dequantised from the codes (`e2m1_decode`, which gives back e2m1's value bit for bit, -0
+    included), so the dequantisation table is one override point of its own."""
     v = (xg / s.unsqueeze(-1)).clamp(-E2M1_MAX, E2M1_MAX)  # [..., nb, block] fp32
-    q = e2m1_round(v)
-    y = (q * s.unsqueeze(-1)).flatten(-2).to(torch.bfloat16)  # exact: <= 2 bits x <= 4 bits
-    return e2m1_encode(q).flatten(-2), y
+    codes = e2m1_encode(e2m1_round(v))
+    y = (e2m1_decode(codes) * s.unsqueeze(-1)).flatten(-2).to(torch.bfloat16)  # exact: <= 2 bits x <= 4 bits
+    return codes.flatten(-2), y
 
 
 def fp4_qdq_e4m3(x: torch.Tensor, block: int = 16) -> QuantResult:
