@@ -291,9 +291,9 @@ def test_the_api_judges_outputs_and_says_what_it_cannot_judge():
 def test_workers_elsewhere_get_the_options_whatever_paths_exist_here(tmp_path):
     """xdist hands a gateway with a chdir (an ssh one always has) the controller's arguments, rewriting each
     that names an existing path against its rsync roots and stopping the session at one it cannot place
-    (pytest-xdist 3.8: "arg ... not relative to an rsync root"). Here the report dir (the plugin opens it
-    before any worker starts), the config file, a select pattern and the implementation's name all name
-    something that exists: relative paths first, then absolute ones into the existing report dir."""
+    (pytest-xdist 3.8: "arg ... not relative to an rsync root"). Here the report dir (relative: the plugin
+    opens it before any worker starts), the config file (absolute), a select pattern and the implementation's
+    name all name something that exists (tests/test_distributed.py: both forms of each over real ssh)."""
     project = tmp_path / "project"
     project.mkdir()
     (project / "conformance.yaml").write_text("timeout: 60\n")
@@ -303,16 +303,15 @@ def test_workers_elsewhere_get_the_options_whatever_paths_exist_here(tmp_path):
     for i in range(2):
         (tmp_path / f"w{i}").mkdir()
         gateways += ["--tx", f"popen//chdir={tmp_path / f'w{i}'}"]
-    for where in (lambda name: name, lambda name: str(project / name)):
-        proc = pytest_run(
-            "--conformance-impl", "reference", "--conformance-select", "quant.e2m1",
-            "--conformance-config", where("conformance.yaml"), "--conformance-report-dir", where("reports"),
-            "--dist", "load", *gateways, cwd=project,
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        assert "rsync root" not in proc.stdout + proc.stderr
-        doc = results(project / "reports")
-        assert set(statuses(doc).values()) == {"pass"} and all(c.startswith("quant.e2m1/") for c in statuses(doc))
+    proc = pytest_run(
+        "--conformance-impl", "reference", "--conformance-select", "quant.e2m1",
+        "--conformance-config", str(project / "conformance.yaml"), "--conformance-report-dir", "reports",
+        "--dist", "load", *gateways, cwd=project,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "rsync root" not in proc.stdout + proc.stderr
+    doc = results(project / "reports")
+    assert set(statuses(doc).values()) == {"pass"} and all(c.startswith("quant.e2m1/") for c in statuses(doc))
 
 
 def test_the_plugins_options_reach_workers_as_one_argument_each():
