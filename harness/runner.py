@@ -157,12 +157,17 @@ def _judge_supported(
     if actual is None:
         return
     message = _judge(component, golden, actual, params, config, impl_conf, result)
-    # A failed comparison only: a protocol error (wrong names, dtypes or shapes) is no porting bug to name.
+    # A failed comparison, or an output of another dtype or shape that a known porting bug may produce
+    # (blocks of 32 where upstream has 16 give another number of scales): the case stays an error, named
+    # only where a variant reproduces it, shape and all. Wrong names, devices or types: no bug to name.
+    reshaped = result.status == "error" and result.kind in RESHAPED
     diagnosis = (
         _diagnose(component, golden, actual, params, config, impl_conf, result)
-        if result.status == "fail" and result.outputs and config.diagnosis_budget > 0
+        if (result.status == "fail" or reshaped) and result.outputs and config.diagnosis_budget > 0
         else []
     )
+    if reshaped and not (result.diagnosis or {}).get("matches"):
+        diagnosis, result.diagnosis = [], None  # the protocol error it is, with no name
     result.message = message.text(diagnosis)
 
 
@@ -303,12 +308,12 @@ def moves_toward(before: torch.Tensor, after: torch.Tensor, answer: Any) -> bool
     """Whether an expected value moved from `before` (the golden's) to `after` (a variant's) comes nearer
     the implementation's `answer`: a smaller L2 distance over the elements finite in all three (floats),
     fewer differing elements (ids, codes, masks). An answer that cannot be read is near nothing."""
-    if (
-        not isinstance(answer, torch.Tensor)
-        or answer.shape != before.shape
-        or answer.device.type != "cpu"
-        or after.shape != before.shape
-    ):
+    if not isinstance(answer, torch.Tensor) or answer.device.type != "cpu":
+        return False
+    floats = before.dtype.is_floating_point and answer.dtype.is_floating_point  # judged in the answer's format
+    if answer.shape != before.shape or (answer.dtype != before.dtype and not floats):  # a protocol error:
+        return (after.shape, after.dtype) == (answer.shape, answer.dtype)  # nearer only onto the answer's form
+    if after.shape != before.shape:
         return False
     if before.dtype.is_floating_point and answer.dtype.is_floating_point:
         b, v, a = before.double(), after.double(), answer.double()
@@ -407,6 +412,7 @@ class Message:
 
 # What an output's attribute problem (harness/compare.py) is, for the kind of a case's error.
 PROTOCOL_KINDS = (("dtype ", "dtype error"), ("shape ", "shape error"), ("tensor is on ", "device error"))
+RESHAPED = ("dtype error", "shape error")  # what a porting bug can produce (the diagnosis may name it)
 
 
 def _protocol_kind(message: str) -> str:

@@ -235,3 +235,25 @@ def test_correct_implementations_get_no_diagnosis(impl, conf):
     for case_id in cases("quant.*", 99):
         result = run_case(case_id, CONFIG, impl, "correct", MANIFEST, conf)
         assert result.status in ("pass", "unsupported") and result.diagnosis is None, (case_id, result.status)
+
+
+# --- protocol errors a variant reproduces ----------------------------------------------------------
+
+
+def test_an_output_of_another_shape_that_a_variant_produces_is_named_and_stays_an_error():
+    results = [
+        run_case(c, CONFIG, lp.SglangCompressedKvBlocks32(), "x", MANIFEST) for c in cases("quant.fp4_e4m3/*", 6)
+    ]
+    reshaped = [r for r in results if r.status == "error"]
+    assert reshaped, [(r.id, r.status) for r in results]
+    for r in reshaped:
+        assert r.kind == "shape error" and "scale_bytes" in r.message.splitlines()[0], (r.id, r.message[:300])
+        assert "fp4-e4m3-as-pow2-blocks-32" in named(r), (r.id, r.diagnosis)
+        assert "diagnosis" in r.message and "matches:" in r.message
+
+
+def test_a_shape_no_variant_produces_is_the_protocol_error_it_is_with_no_name():
+    for case_id in cases("quant.fp4_e4m3/*", 2):
+        r = run_case(case_id, CONFIG, lp.ScalesPerRow(), "x", MANIFEST)
+        assert r.status == "error" and r.kind == "shape error", (r.id, r.status)
+        assert r.diagnosis is None and "diagnosis" not in r.message, r.message[:600]

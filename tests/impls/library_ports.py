@@ -155,3 +155,25 @@ class FlashMlaScaleFloor(ReferenceAdapter):
         if component != "quant.fp8_ue8m0":
             return super().run(component, inputs, params)
         return outputs(fp8_scale_floored(inputs["x"]))
+
+
+class SglangCompressedKvBlocks32(ReferenceAdapter):
+    """The compressed-KV quantiser as an sglang fork writes it: fp4 in blocks of 32 with power-of-two
+    scales (the indexer's format), where upstream uses blocks of 16 with e4m3 scales. `scale_bytes`
+    then has half the blocks: another shape, a protocol error that the diagnosis still names."""
+
+    def run(self, component, inputs, params):
+        if component != "quant.fp4_e4m3":
+            return super().run(component, inputs, params)
+        return outputs(fp4_pow2(inputs["x"], 6.0 * 2.0**-126, divide=False))
+
+
+class ScalesPerRow(ReferenceAdapter):
+    """The compressed-KV quantiser's scales returned one per row (a layout no known bug produces): the
+    protocol error it is, with no name."""
+
+    def run(self, component, inputs, params):
+        out = super().run(component, inputs, params)
+        if component == "quant.fp4_e4m3":
+            out["scale_bytes"] = out["scale_bytes"].amax(dim=-1, keepdim=True)
+        return out
