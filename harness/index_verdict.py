@@ -470,6 +470,55 @@ def _example(
     )
 
 
+def tied_rows(
+    ids: torch.Tensor,
+    scores: torch.Tensor,
+    *,
+    offset: int = 0,
+    largest: bool = True,
+    id_limit: int | torch.Tensor | None = None,
+) -> dict[str, float]:
+    """The rows of a selection that hold a tie choice, each by a digest of what decides it (its scores, its
+    ids, the offset) -> its bits (as `tie_choice_bits` counts them): two cases that read the same tied row
+    (a schedule's shared prefix, a layer read twice) give it the same key, so evidence gathered across
+    cases counts it once."""
+    import hashlib
+
+    lead = tuple(ids.shape[:-1])
+    k, n = ids.shape[-1], scores.shape[-1]
+    r = math.prod(lead)
+    if not r or not k or not n:
+        return {}
+    e = ids.reshape(r, k).to(torch.int64)
+    s = scores.reshape(r, n).to(torch.float64)
+    bits = _row_ways(e, s, offset, largest, _row_limits(id_limit, lead, r)) / math.log(2.0)
+    out = {}
+    for row in torch.nonzero(bits > 0).flatten().tolist():
+        key = hashlib.sha256(s[row].numpy().tobytes() + e[row].numpy().tobytes() + str(offset).encode()).hexdigest()[
+            :24
+        ]
+        out[key] = float(bits[row])
+    return out
+
+
+def _row_ways(
+    e: torch.Tensor, s: torch.Tensor, offset: int, largest: bool, limits: torch.Tensor | None
+) -> torch.Tensor:
+    """Per row, ln C(tied, picked) of its k-th score's tie (0 where it holds no choice)."""
+    n = s.shape[-1]
+    valid = e != -1
+    se = torch.gather(s, 1, torch.where(valid, e - offset, 0).clamp(0, n - 1))
+    kth = _kth(se, valid, largest)
+    reachable = torch.ones(s.shape[0], n, dtype=torch.bool)
+    if limits is not None:
+        reachable = (torch.arange(n)[None, :] + offset) < limits[:, None]
+    tied = (_eqv(s, kth[:, None]) & reachable).sum(dim=1).double()
+    picked = (valid & _eqv(se, kth[:, None])).sum(dim=1).double()
+    finite = torch.isfinite(kth) & (tied > picked) & (picked > 0)
+    ways = torch.lgamma(tied + 1) - torch.lgamma(picked + 1) - torch.lgamma(tied - picked + 1)
+    return torch.where(finite, ways, 0.0)
+
+
 def tie_choice_bits(
     ids: torch.Tensor,
     scores: torch.Tensor,
@@ -494,15 +543,4 @@ def tie_choice_bits(
         return 0.0
     e = ids.reshape(r, k).to(torch.int64)
     s = scores.reshape(r, n).to(torch.float64)
-    valid = e != -1
-    se = torch.gather(s, 1, torch.where(valid, e - offset, 0).clamp(0, n - 1))
-    kth = _kth(se, valid, largest)
-    limits = _row_limits(id_limit, lead, r)
-    reachable = torch.ones(r, n, dtype=torch.bool)
-    if limits is not None:
-        reachable = (torch.arange(n)[None, :] + offset) < limits[:, None]
-    tied = (_eqv(s, kth[:, None]) & reachable).sum(dim=1).double()
-    picked = (valid & _eqv(se, kth[:, None])).sum(dim=1).double()
-    finite = torch.isfinite(kth) & (tied > picked) & (picked > 0)
-    ways = torch.lgamma(tied + 1) - torch.lgamma(picked + 1) - torch.lgamma(tied - picked + 1)
-    return float(torch.where(finite, ways, 0.0).sum()) / math.log(2.0)
+    return float(_row_ways(e, s, offset, largest, _row_limits(id_limit, lead, r)).sum()) / math.log(2.0)

@@ -248,7 +248,7 @@ def rejudged(
     import hashlib
 
     from .diagnosis import Rejudged
-    from .index_verdict import tie_choice_bits
+    from .index_verdict import tie_choice_bits, tied_rows
 
     if upto is not None:
         params = {**params, "schedule": params["schedule"][: upto + 2]}
@@ -277,21 +277,23 @@ def rejudged(
         return Rejudged({}, frozenset(), digest.hexdigest())
     again = dataclasses.replace(golden, outputs=outputs, aux=aux)
     context = golden_context(again)
-    evidence = {}
+    evidence, tied = {}, {}
     for name in sorted(changed & set(outputs)):
         policy = config.policy(component, name, impl_conf, dtype=outputs[name].dtype)
         scores = context.get(policy.scores) if policy.kind == "index" and policy.scores else None
         if scores is not None and scores.shape[:-1] == outputs[name].shape[:-1]:
             offset = int(params.get(policy.offset_param, 0)) if policy.offset_param else 0
-            evidence[name] = tie_choice_bits(
-                golden.outputs[name], scores, offset=offset, largest=bool(params.get("largest", policy.largest))
-            )
+            largest = bool(params.get("largest", policy.largest))
+            evidence[name] = tie_choice_bits(golden.outputs[name], scores, offset=offset, largest=largest)
+            tied[name] = tied_rows(golden.outputs[name], scores, offset=offset, largest=largest)
     judged, _ = _declined(again, actual)
     scratch = CaseResult(golden.meta.get("case_id", ""), component.name, "error")
     try:
         stages = _verdicts(component, again, judged, params, config, impl_conf, scratch, stop_on)
     except _Stopped as stopped:
-        return Rejudged({stopped.name: False}, frozenset(changed), digest.hexdigest(), evidence, complete=False)
+        return Rejudged(
+            {stopped.name: False}, frozenset(changed), digest.hexdigest(), evidence, complete=False, tied=tied
+        )
     ok = {s.name: bool(s.verdict.ok) for s in stages if upto is None or (step_of(s.name) or 0) <= upto}
 
     def nearer(name: str) -> bool:  # asked only of a failing output a pass would explain
@@ -301,7 +303,7 @@ def rejudged(
             or moves_toward(golden.outputs[name], outputs[name], actual.get(name))
         )
 
-    return Rejudged(ok, frozenset(changed), digest.hexdigest(), evidence, nearer=nearer)
+    return Rejudged(ok, frozenset(changed), digest.hexdigest(), evidence, nearer=nearer, tied=tied)
 
 
 def moves_toward(before: torch.Tensor, after: torch.Tensor, answer: Any) -> bool:

@@ -71,6 +71,7 @@ from .golden import MANIFEST
 from .ids import split_case_id
 from .plan import DEFAULT_REPORT_DIR  # noqa: F401  (re-exported)
 from .plan import RunOptions, case_costs, ids_digest, run_document, select_case_ids, shard_ids
+from .diagnosis.across_cases import name_across_cases
 from .known import components
 from .rundir import RunDir
 from .runner import STATUSES
@@ -293,6 +294,7 @@ def summarise(
         not options.select and not options.shard and config.tier == "small" and not (selection or {}).get("deselected")
     )
     floors = {name: config.floor(component) for name, component in registry.items()}
+    run_diagnosis = name_across_cases(results)  # tie orders named from several cases' evidence together
     per_component, problems = judge_components(results, floors, full_run, stopped)
     exit_code = exit_code_of(results, problems, stopped, signum)
     manifest_path = config.goldens / MANIFEST
@@ -326,6 +328,7 @@ def summarise(
         },
         "components": per_component,
         "problems": problems,
+        "run_diagnosis": run_diagnosis,
         "stopped": stopped,
         "not_run": sum(1 for r in results if r["status"] == NOT_RUN),
         "stale_expectations": stale,

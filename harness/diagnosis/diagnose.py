@@ -46,6 +46,9 @@ class Rejudged:
     # of the failing outputs a pass would explain; None: every move counts): a pass won by moving it away
     # reproduces an accident of the golden, not the implementation
     nearer: Callable[[str], bool] | None = None
+    # output -> its tied rows (a digest of what decides each -> its bits: index_verdict.tied_rows), where
+    # the variant moves a selection: what a run gathers across its cases (diagnosis/across_cases.py)
+    tied: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 # (params for the reference, outputs to stop at when one fails) -> the case judged again under whatever
@@ -111,6 +114,10 @@ class Diagnosis:
     budget: int = 0
     stopped: str = ""  # why candidates were left untried ('' when every candidate ran)
     at: str = ""  # the first divergent step or stage
+    # tie orders a run may name from several cases (diagnosis/across_cases.py): variant -> the tied rows of
+    # this case it reproduces every failing output with, on too little evidence here alone (digest -> bits)
+    tie_support: dict[str, dict[str, float]] = field(default_factory=dict)
+    tie_contradicts: list[str] = field(default_factory=list)  # tie orders this case rules out
 
     def lines(self) -> list[str]:
         where = f" (from {self.at})" if self.at else ""
@@ -204,6 +211,8 @@ def diagnose(
         if screen is not None:
             first = run(v, judge=screen, cost=screen_cost)
             if first is not None and any(not ok for n, ok in first.ok.items() if n in passing):
+                if v.evidence:
+                    result.tie_contradicts.append(v.name)
                 continue  # fails an output you got right early on: no cause, no partner of one
         judged = run(v)
         if judged is None or not judged.changed:  # changes nothing on this case: no evidence either way
@@ -216,6 +225,8 @@ def diagnose(
         ]
         breaks = frozenset(n for n in passing if not judged.ok.get(n, True))
         singles.append(_Single(v, judged, explains, breaks))
+        if v.evidence:
+            _tie_record(result, v, judged, failing, breaks, explains)
     causes = [s for s in singles if s.explains and not s.breaks]
     full = [s for s in causes if len(s.explains) == len(failing)]
     if full:
@@ -241,6 +252,22 @@ def diagnose(
             left -= s.explains
     result.unexplained = sorted(left) if result.matches else []
     return result
+
+
+def _tie_record(
+    result: Diagnosis, v: Variant, judged: Rejudged, failing: list[str], breaks: frozenset[str], explains
+) -> None:
+    """What a tie-order variant tells a run beyond this case: support where it reproduces every failing
+    output but is not named here for want of evidence (its tied rows, to be summed across cases), a
+    contradiction where it breaks an output you got right or leaves a selection it moved unexplained."""
+    if breaks or any(n in judged.changed and not _passes(judged, n) for n in failing):
+        result.tie_contradicts.append(v.name)
+    elif all(_passes(judged, n) for n in failing) and len(explains) < len(failing):
+        rows: dict[str, float] = {}
+        for n in failing:
+            rows.update(judged.tied.get(n, {}))
+        if rows:
+            result.tie_support[v.name] = rows
 
 
 def _passes(judged: Rejudged, name: str) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..differences import DIFFERENCES
 from .header import children_line, override_lines, verdict
-from .table import BAD, COLUMNS
+from .table import BAD, COLUMNS, run_level_line
 from .text import clean, failing_lines, kinds_first, kinds_line
 
 MAX_FAILURES = 20
@@ -61,6 +61,8 @@ def render_summary(doc: dict) -> str:
             lines.append(f"- … and {len(bad) - MAX_FAILURES} more (see report.html)")
     for problem in doc.get("problems", [])[:MAX_FAILURES]:
         lines.append(f"- **problem**: {_cell(problem)}")
+    for named in doc.get("run_diagnosis") or []:
+        lines.append(f"- **{_cell(run_level_line(named))}**")
     return bounded("\n".join(lines) + "\n")
 
 

@@ -67,6 +67,16 @@ def render_table(doc: dict, failures: int = 5) -> str:
         )
     for problem in doc.get("problems", []):
         lines.append(f"PROBLEM: {clean(problem)}")
+    for named in doc.get("run_diagnosis") or []:
+        lines.append(run_level_line(named))
     for stale in doc.get("stale_expectations", []):
         lines.append(f"note: expectation matched no case: {clean(stale)}")
     return "\n".join(lines) + "\n"
+
+
+def run_level_line(named: dict) -> str:
+    """A tie order the run named from several cases' evidence together (diagnosis/across_cases.py)."""
+    return (
+        f"diagnosis across {len(named['cases'])} cases: [{named['variant']}] {named['summary']} "
+        f"({named['bits']:.3g} bits over {named['rows']} distinct tied rows; each case says so)"
+    )
