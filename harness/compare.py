@@ -514,6 +514,7 @@ def _compare_tolerant(
             flips,
             allowed_rel_l2,
             margin,
+            differing,
         )
     )
     if not isinstance(accumulation, float):
@@ -543,8 +544,10 @@ def _error_summary(
     flips: float = 0.0,
     allowed_rel_l2: float | None = None,
     margin: float = PRECISION_MARGIN,
+    differing: int = 0,
 ) -> str:
-    """The failing output's error line, each figure with its allowance in the unit it is compared in."""
+    """The failing output's error line, each figure with its allowance in the unit it is compared in
+    (`differing`: the elements that differ, as the verdict counted them)."""
     if mask_failures and not counted:
         return "  no element is finite on both sides: no error to measure (see the positions above)"
     worst = f"max {max_ulps:.3g} ulp"
@@ -564,7 +567,7 @@ def _error_summary(
     why = []
     if flips:
         why.append("with the error the accumulator model expects")
-    n_diff = min(counted, max(round(diff_fraction * (counted + mask_failures)), 1))
+    n_diff = min(counted, max(differing, 1))  # as the verdict's small-output rel L2 counts them
     if n_diff < STATISTIC_BASE and allowed != policy.rel_l2:
         why.append(
             f"{n_diff} element(s) differ, fewer than {STATISTIC_BASE}: x sqrt({STATISTIC_BASE}/n), at most 1 ulp"
