@@ -39,7 +39,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from .reference import numerics as nx
-from .reference.fp8_linear import BLOCK, Fp8Weight, e4m3_value
+from .reference.fp8_linear import BLOCK, Fp8Weight, derived, e4m3_value, weight_blocks
 
 FP8_ACCUMULATOR_BITS = 14  # an H800's fp8 tensor core (DeepSeek-V3 technical report, §3.3.2)
 WALK = BLOCK**0.5  # the losses of a block's additions, as a random walk over its BLOCK additions
@@ -71,25 +71,48 @@ def unit(bits: float) -> float:
     return 2.0 ** (1 - bits)
 
 
-def fp8_terms(x: torch.Tensor, weight: Fp8Weight, chunk: int = 16) -> Terms:
+def fp8_terms(x: torch.Tensor, weight: Fp8Weight, elems: int = 1 << 22) -> Terms:
     """The magnitudes of the terms the block-scaled fp8 GEMM of act_quant(x) and `weight` sums into each
     output (x bf16 [..., K]; Terms of [..., N]): per block b of 32 along K, T_b = sum of |qa_k * qw_k| *
-    sa * sw; A = WALK x sum_b T_b, R = WALK x sqrt(sum_b T_b^2). `chunk` blocks at a time bound the
-    memory at rows x N x chunk doubles."""
+    sa * sw; A = WALK x sum_b T_b, R = WALK x sqrt(sum_b T_b^2). `elems` bounds the rows taken at once
+    (rows x N fp32 values per block).
+
+    A is one float64 GEMM of |qa| and |qw|: the sum over blocks of the blocks' sums is the sum over K
+    (every product of e4m3 values times powers of two is exact in float64, and so is every block's sum).
+    R needs each block's sum on its own; it sets only the size of the error a correct kernel is expected
+    to carry (`expected_spread`: a share of rounding flips and an rms error, both statistics over the
+    whole output, with a margin of FLIP_MARGIN), so fp32 is plenty there: its products are exact, its
+    block sums and their squares' sum within about 1e-7 of the exact ones (2e-5 at worst at K = 8192),
+    where the model itself is 5 to 40 times conservative (module docstring)."""
     n, k = weight.shape
     q = nx.fp8_qdq_ue8m0(x, BLOCK)
     nb = k // BLOCK
     qa = e4m3_value(q.codes).abs().reshape(-1, nb, BLOCK).double() * q.scales.reshape(-1, nb, 1).double()
-    sw = nx.e8m0_value(weight.scale_bytes).double().repeat_interleave(BLOCK, dim=0)[:n]  # [N, K/32]
-    qw = (e4m3_value(weight.codes).abs().double() * sw.repeat_interleave(BLOCK, dim=1)).reshape(n, nb, BLOCK)
-    peak = torch.zeros(qa.shape[0], n, dtype=torch.float64)
-    squares = torch.zeros_like(peak)
-    for b0 in range(0, nb, chunk):  # [blocks, rows, 32] @ [blocks, 32, N]: each block's T_b
-        t = torch.bmm(qa[:, b0 : b0 + chunk].transpose(0, 1), qw[:, b0 : b0 + chunk].permute(1, 2, 0))
-        peak += t.sum(0)
-        squares += t.square().sum(0)
+    qw = weight_blocks(weight)  # [K/32, 32, N]: the values by block, exact
+    m = qa.shape[0]
+    magnitudes = derived(weight, "magnitudes", lambda: qw.reshape(k, n).abs().double())  # [K, N]
+    peak = torch.mm(qa.reshape(m, k), magnitudes)
+    squares = _block_squares(qa, qw, torch.float32, elems)
+    if not bool(torch.isfinite(squares).all()):  # past fp32's range (or a NaN): as the float64 values say
+        squares = _block_squares(qa, qw, torch.float64, elems)
     shape = (*x.shape[:-1], n)
-    return Terms(WALK * peak.reshape(shape), WALK * squares.sqrt().reshape(shape))
+    return Terms(WALK * peak.reshape(shape), WALK * squares.double().sqrt_().reshape(shape))
+
+
+def _block_squares(qa: torch.Tensor, qw: torch.Tensor, dtype: torch.dtype, elems: int) -> torch.Tensor:
+    """sum_b T_b^2 in `dtype` ([M, N]): qa float64 |values| [M, K/32, 32], qw values by block [K/32, 32, N]."""
+    m, n = qa.shape[0], qw.shape[-1]
+    by_block = qa.to(dtype).transpose(0, 1).contiguous()  # [K/32, M, 32]
+    squares = torch.zeros(m, n, dtype=dtype)
+    rows = max(1, elems // max(n, 1))
+    block = torch.empty(min(rows, m), n, dtype=dtype)
+    for r0 in range(0, m, rows):
+        r1 = min(m, r0 + rows)
+        t, acc = block[: r1 - r0], squares[r0:r1]
+        for kb in range(qw.shape[0]):
+            torch.mm(by_block[kb, r0:r1], qw[kb].abs().to(dtype), out=t)  # T_b
+            acc.addcmul_(t, t)
+    return squares
 
 
 def gemm_terms(x: torch.Tensor, weight) -> Terms | None:

@@ -178,7 +178,9 @@ class TermsContext:
 class Given:
     """A stage's value as the stages after it receive it: a full tensor (by flat row), or `Lazy`.
     `own`: the implementation's value (else the reference's stood in); `passed`: its verdict had no
-    unexplained difference."""
+    unexplained difference; `reference`: the value is bit for bit the reference's own (the golden's: a
+    returned value equal to it, or one computed only from such values), so whatever the reference
+    computes from it is the golden's too."""
 
     def __init__(
         self,
@@ -187,8 +189,10 @@ class Given:
         lazy: Lazy | None = None,
         own: bool = False,
         passed: bool = True,
+        reference: bool = False,
     ):
         self.name, self.full, self.lazy, self.own, self.passed = name, full, lazy, own, passed
+        self.reference = reference
 
     def rows(self, rows: torch.Tensor) -> torch.Tensor:
         if self.full is not None:

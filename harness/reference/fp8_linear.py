@@ -25,9 +25,13 @@ scale bytes [ceil(N / 32), K / 32] (2^(byte - 127)).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import NamedTuple
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from v41_conformance.reference import numerics as nx
 
@@ -90,6 +94,60 @@ def dequantise_weight(weight: Fp8Weight) -> torch.Tensor:
     return e4m3_value(weight.codes) * s.repeat_interleave(BLOCK, dim=1)
 
 
+# What the emulation derives from each fp8 weight (its values by block; the accumulator model's magnitudes),
+# kept while `weight_cache()` is entered: a chain judging a case projects through the same few weights
+# once per call (and a decode call's one row would otherwise pay for converting the whole weight). Keyed
+# by the codes tensor and dropped with it; speed only, the values are the same.
+_CACHE: ContextVar[WeakIdKeyDictionary | None] = ContextVar("fp8_weight_cache", default=None)
+# e8m0 scale bytes whose tiles' values fp32 holds exactly: every nonzero e4m3 value (a multiple of 2^-9,
+# at most 448, 4 significant bits) times 2^(byte - 127) is then a normal fp32 number.
+_FP32_EXACT_BYTES = (10, 246)
+
+
+@contextmanager
+def weight_cache() -> Iterator[None]:
+    """Within it, what is derived from each fp8 weight is derived once (`derived`); nested, the outer serves."""
+    if _CACHE.get() is not None:
+        yield
+        return
+    token = _CACHE.set(WeakIdKeyDictionary())
+    try:
+        yield
+    finally:
+        _CACHE.reset(token)
+
+
+def derived(weight: Fp8Weight, kind: str, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """make(): a tensor derived from `weight` alone, kept by `kind` within `weight_cache()`."""
+    cache = _CACHE.get()
+    if cache is None:
+        return make()
+    versions = (weight.codes._version, weight.scale_bytes._version)
+    entry = cache.get(weight.codes)
+    if entry is None or entry[0] is not weight.scale_bytes or entry[1] != versions:
+        entry = cache[weight.codes] = (weight.scale_bytes, versions, {})
+    forms = entry[2]
+    if kind not in forms:
+        forms[kind] = make()
+    return forms[kind]
+
+
+def weight_blocks(weight: Fp8Weight) -> torch.Tensor:
+    """[K/32, 32, N]: the weight's values (codes times their tile scales, exact) by K block: fp32 where
+    that is exact (every real checkpoint's scales, `_FP32_EXACT_BYTES`), else float64."""
+
+    def make() -> torch.Tensor:
+        n, k = weight.shape
+        lo, hi = _FP32_EXACT_BYTES
+        scales = weight.scale_bytes
+        dtype = torch.float32 if bool(((scales >= lo) & (scales <= hi)).all()) else torch.float64
+        sw = nx.e8m0_value(scales).to(dtype).repeat_interleave(BLOCK, dim=0)[:n, :, None]  # [N, K/32, 1]
+        values = e4m3_value(weight.codes).to(dtype).view(n, k // BLOCK, BLOCK).mul_(sw)
+        return values.permute(1, 2, 0).contiguous()
+
+    return derived(weight, "blocks", make)
+
+
 def fp8_gemm(x_codes: torch.Tensor, x_scales: torch.Tensor, weight: Fp8Weight) -> torch.Tensor:
     """fp32 [..., N] accumulator of the block-scaled GEMM (module docstring, step 2).
 
@@ -105,8 +163,7 @@ def fp8_gemm(x_codes: torch.Tensor, x_scales: torch.Tensor, weight: Fp8Weight) -
     # range holds every scaled block sum), so this equals rounding the sum and then scaling it.
     sa = x_scales.reshape(-1, nb, 1).double()  # [M, K/32, 1]
     qa = e4m3_value(x_codes).reshape(-1, nb, BLOCK).double().mul_(sa).reshape(-1, k)  # [M, K]
-    sw = nx.e8m0_value(weight.scale_bytes).double().repeat_interleave(BLOCK, dim=0)[:n, :, None]  # [N, K/32, 1]
-    qw = e4m3_value(weight.codes).view(n, nb, BLOCK).double().mul_(sw).view(n, k).T.reshape(nb, BLOCK, n)
+    qw = weight_blocks(weight)  # [K/32, 32, N], exact values (in float64 block by block below)
     m = qa.shape[0]
     acc = torch.zeros(m, n, dtype=torch.float32)
     rows = max(1, _CHUNK_ELEMS // max(n, 1))  # bounds the float64 block products (memory only)
@@ -117,7 +174,7 @@ def fp8_gemm(x_codes: torch.Tensor, x_scales: torch.Tensor, weight: Fp8Weight) -
         blocks = qa[r0:r1].reshape(r1 - r0, nb, BLOCK).transpose(0, 1).contiguous()  # [K/32, rows, 32]
         e, b = exact[: r1 - r0], block[: r1 - r0]
         for kb in range(nb):
-            torch.mm(blocks[kb], qw[kb], out=e)  # the exact scaled block sum
+            torch.mm(blocks[kb], qw[kb].double(), out=e)  # the exact scaled block sum
             acc[r0:r1].add_(b.copy_(e))  # one rounding to fp32, then the fp32 accumulator
     return acc.reshape(*lead, n)
 
