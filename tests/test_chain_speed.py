@@ -103,20 +103,26 @@ def _same(a: CaseResult, b: CaseResult) -> None:
     assert a.outputs == b.outputs  # every output's verdict record: ok, metrics, what it was judged given
 
 
+def _counting(monkeypatch, name: str) -> list[object]:
+    """The weights the chain's `name(x, weight)` is called with, recorded as it runs."""
+    seen: list[object] = []
+    original = getattr(chain_attention, name)
+
+    def counting(x, weight):
+        seen.append(weight)
+        return original(x, weight)
+
+    monkeypatch.setattr(chain_attention, name, counting)
+    return seen
+
+
 # --- the shortcut: a stage with only the reference's inputs is judged against the golden as it stands --
 
 
 def test_out_given_the_references_z_is_not_projected_again_and_is_judged_the_same(monkeypatch):
     golden, component, params = _golden(FP8_CASE)
     answer = _moved(golden, component)  # outputs only, out moved: z is the reference's own, as a stand-in
-    projected: list[object] = []
-    project = chain_attention.project
-
-    def counting(x, weight):
-        projected.append(weight)
-        return project(x, weight)
-
-    monkeypatch.setattr(chain_attention, "project", counting)
+    projected = _counting(monkeypatch, "project")
     fast, chain = _judged(golden, component, params, answer, True, monkeypatch)
     assert fast.status == "pass"
     assert not _through(projected, chain, "wo_b")  # not one row of out rederived through wo_b
@@ -148,14 +154,7 @@ def _through(weights: list, chain: AttentionChain, *names: str) -> list:
 def test_an_intermediate_nobody_judges_is_computed_without_the_comparators_context(monkeypatch):
     golden, component, params = _golden(FP8_CASE)
     answer = _moved(golden, component)  # no qr, kv or index_q returned: each a stand-in
-    termed: list[object] = []
-    terms = chain_attention.gemm_terms
-
-    def counting(x, weight):
-        termed.append(weight)
-        return terms(x, weight)
-
-    monkeypatch.setattr(chain_attention, "gemm_terms", counting)
+    termed = _counting(monkeypatch, "gemm_terms")
     _, chain = _judged(golden, component, params, answer, True, monkeypatch)
     assert termed and not _through(termed, chain, "wq_a", "wkv", "indexer.wq_b")  # only wo_b's, for out
     assert len(_through(termed, chain, "wo_b")) == len(termed)
