@@ -11,8 +11,7 @@ the cases that are there keep their verdicts.
 
 from __future__ import annotations
 
-from .diagnosis.across_cases import name_across_cases
-from .session import NOT_RUN, exit_code_of, judge_components
+from .session import NOT_RUN, exit_code_of, judge_components, run_level_names
 
 
 def merge_results(parts: list[tuple[str, dict]], floors: dict[str, int]) -> dict:
@@ -53,7 +52,7 @@ def merge_results(parts: list[tuple[str, dict]], floors: dict[str, int]) -> dict
     recorded = {
         name: entry["floor"] for _, doc in parts for name, entry in doc["components"].items() if "floor" in entry
     }
-    run_diagnosis = name_across_cases(results)  # over every part's cases, as one run would
+    run_diagnosis = run_level_names(results)  # over every part's cases, as one run would
     components, judged = judge_components(results, {**floors, **recorded}, full_run, stopped)
     problems += judged
     stale = set.intersection(*(set(doc.get("stale_expectations", [])) for _, doc in parts))

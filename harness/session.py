@@ -71,7 +71,6 @@ from .golden import MANIFEST
 from .ids import split_case_id
 from .plan import DEFAULT_REPORT_DIR  # noqa: F401  (re-exported)
 from .plan import RunOptions, case_costs, ids_digest, run_document, select_case_ids, shard_ids
-from .diagnosis.across_cases import name_across_cases
 from .known import components
 from .rundir import RunDir
 from .runner import STATUSES
@@ -294,7 +293,7 @@ def summarise(
         not options.select and not options.shard and config.tier == "small" and not (selection or {}).get("deselected")
     )
     floors = {name: config.floor(component) for name, component in registry.items()}
-    run_diagnosis = name_across_cases(results)  # tie orders named from several cases' evidence together
+    run_diagnosis = run_level_names(results)  # tie orders named from several cases' evidence together
     per_component, problems = judge_components(results, floors, full_run, stopped)
     exit_code = exit_code_of(results, problems, stopped, signum)
     manifest_path = config.goldens / MANIFEST
@@ -334,6 +333,16 @@ def summarise(
         "stale_expectations": stale,
         "cases": sorted(results, key=lambda r: r["id"]),
     }
+
+
+def run_level_names(results: list[dict]) -> list[dict]:
+    """`diagnosis.across_cases.name_across_cases`, imported (with the variant catalogue) only where a
+    case recorded tie evidence for it."""
+    if not any((r.get("diagnosis") or {}).get("tie_support") for r in results):
+        return []
+    from .diagnosis.across_cases import name_across_cases
+
+    return name_across_cases(results)
 
 
 def children_of(options: RunOptions) -> dict:
