@@ -48,3 +48,13 @@ def precision_against_exact(
     reference = float(torch.where(known, e - x, zero).norm())
     ratio = mine / reference if reference > 0 else (1.0 if mine == 0 else float("inf"))
     return {"exact_l2": mine, "reference_l2": reference, "exact_ratio": ratio}
+
+
+def without_exact(context: Mapping[str, torch.Tensor], name: str) -> Mapping[str, torch.Tensor]:
+    """`context` without `name`'s exact value and its reach: for an expected value that is not the
+    reference's (a diagnosis variant's), which the reference's own distance from the exact value does not
+    describe. An output is explained by a variant only by matching it, never by being more precise than it."""
+    dropped = (name + EXACT, name + EXACT_ERROR)
+    if not any(key in context for key in dropped):
+        return context
+    return {key: value for key, value in context.items() if key not in dropped}

@@ -24,6 +24,7 @@ from .case_result import PASSING, STATUSES, CaseResult  # noqa: F401  (the recor
 from .chain.digest import CASE_DIGEST, case_digest
 from .chain.stages import StageVerdict, attribute_problem, differing
 from .compare import OutputVerdict, compare_output, identical_verdict
+from .precision import without_exact
 from .adapters.base import Declined, Unsupported
 from .adapters.subprocess_adapter import ImplementationError
 from .config import Config
@@ -289,7 +290,7 @@ def rejudged(
     judged, _ = _declined(again, actual)
     scratch = CaseResult(golden.meta.get("case_id", ""), component.name, "error")
     try:
-        stages = _verdicts(component, again, judged, params, config, impl_conf, scratch, stop_on)
+        stages = _verdicts(component, again, judged, params, config, impl_conf, scratch, stop_on, frozenset(changed))
     except _Stopped as stopped:
         return Rejudged(
             {stopped.name: False}, frozenset(changed), digest.hexdigest(), evidence, complete=False, tied=tied
@@ -538,11 +539,13 @@ def _verdicts(
     impl_conf: dict,
     result: CaseResult,
     stop_on: frozenset[str] = frozenset(),
+    inexact: frozenset[str] = frozenset(),
 ) -> list[StageVerdict]:
     """Every output's verdict (and every returned intermediate's), in the order they are reported:
     along the component's chain where it has one, else by name against the golden as stored (or
     conditioned on the boundary flips its `rederive` hook finds). `_Stopped` at the first failing
-    output of `stop_on` (the diagnosis)."""
+    output of `stop_on` (the diagnosis). The outputs named in `inexact` are judged without their exact
+    value (a variant's: the reference's distance from the exact value says nothing of the variant's)."""
     if component.chain is not None:
         if _has_case_digest(golden, actual):  # the reference's every value (else judged stage by stage)
             return [
@@ -557,8 +560,9 @@ def _verdicts(
 
         def judge(name: str, expected: torch.Tensor, value, extra: dict) -> OutputVerdict:
             policy = config.policy(component, name, impl_conf, dtype=expected.dtype)
+            given = ChainMap(extra, context) if extra else context
             verdict = compare_output(
-                name, expected, value, policy, ChainMap(extra, context) if extra else context, params
+                name, expected, value, policy, without_exact(given, name) if name in inexact else given, params
             )
             if not verdict.ok and name in stop_on:
                 raise _Stopped(name)
@@ -587,7 +591,8 @@ def _verdicts(
     for name in sorted(golden.outputs):
         expected = golden.outputs[name]
         policy = config.policy(component, name, impl_conf, dtype=expected.dtype)
-        verdict = compare_output(name, expected, actual[name], policy, context, params)
+        given = without_exact(context, name) if name in inexact else context
+        verdict = compare_output(name, expected, actual[name], policy, given, params)
         if not verdict.ok and name in stop_on:
             raise _Stopped(name)
         if rederived is not None and name in rederived.outputs:

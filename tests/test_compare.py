@@ -216,8 +216,8 @@ def test_term_allowance_accepts_one_term_rounding_the_other_way_and_counts_it():
 
 def test_the_share_of_differing_elements_is_counted_over_at_least_256_with_the_counts_spread():
     """2% plus 4 standard deviations of that binomial count, at least 2% of 256 (8.9 of 128, 38.6 of
-    1024): a correct answer's few flips on a small output pass, a cast moved after a norm (17-36% of
-    elements) fails."""
+    1024): a correct answer's few flips on a small output pass, an RMSNorm that rounds before its weight
+    (11-44% of elements) fails."""
     policy = Policy("bf16", ulps=1, rel_l2=1.0, max_diff_fraction=0.02)
     expected = torch.ones(128, dtype=torch.bfloat16)
     six = expected.clone()
@@ -371,3 +371,26 @@ def test_rel_l2_over_a_few_differing_elements_of_a_large_output_decides_no_more_
     biased = (e.double() + ulp_of(e, torch.bfloat16)).to(torch.bfloat16)  # every element one ulp up
     big = torch.cat([e] * 2)
     assert not compare_output("s", big, torch.cat([biased] * 2), BF16).ok
+
+
+def test_the_share_leaves_out_elements_as_precise_as_the_reference_only_where_the_whole_output_is():
+    """An output judged for its precision (`<name>.exact`, `.exact_error`): the reference rounds twice
+    (a perturbation within its reach, then bf16), a form with one rounding fewer rounds the exact value
+    once. It differs from the golden in far more than 2% of elements and passes; an answer rounded from
+    twice the reference's perturbation differs as often, lies farther from the exact value, and fails."""
+    gen = torch.Generator().manual_seed(3)
+    exact = torch.randn(1024, generator=gen, dtype=torch.float64)
+    reach = ulp_of(exact.to(torch.bfloat16), torch.bfloat16).double() / 2
+    wobble = (torch.rand(1024, generator=gen, dtype=torch.float64) * 2 - 1) * reach
+    expected = (exact + wobble).to(torch.bfloat16)  # the reference: within its reach, then rounded
+    context = {"rows.exact": exact, "rows.exact_error": reach}
+    policy = Policy("bf16", ulps=3, max_diff_fraction=0.02, precision=True)
+    once = exact.to(torch.bfloat16)
+    verdict = compare_output("rows", expected, once, policy, context)
+    assert verdict.ok and verdict.metrics["diff_fraction"] > 0.1 and verdict.metrics["exact_ratio"] < 1
+    assert verdict.metrics["as_precise_differing"] == int((once != expected).sum())
+    farther = (exact + 2 * wobble).to(torch.bfloat16)
+    verdict = compare_output("rows", expected, farther, policy, context)
+    assert not verdict.ok and verdict.metrics["exact_ratio"] > 1, verdict.metrics
+    assert "of elements differ (allowed 2%" in verdict.message
+    assert compare_output("rows", expected, once, policy).ok is False  # without the exact value: the share decides

@@ -155,7 +155,10 @@ def test_independently_written_wrong_kernels_get_their_diagnosis(impl, pattern, 
 
 def test_a_bug_outside_the_catalogue_is_named_as_none():
     for impl, pattern in (
-        (wrong_compressor.CastAfterNorm(), "compressor/r2-tiny-*"),
+        (wrong_compressor.RingOneSlotSmall(), "compressor/r2-hd512-*"),
+        # as precise as the reference by the rows' exact value, less than rmsnorm-bf16-before-weight is: that
+        # variant was named here while a variant's output was judged with the reference's exact value
+        (wrong_compressor.PooledTowardZero(), "compressor/r2-a-p21-d1x11"),
         (wrong_indexer.Bf16HeadSum(), "indexer.scores/*"),
         (wrong_indexer.UnpinnedCandidates(), "candidates.select/*"),
     ):

@@ -37,7 +37,7 @@ from ..compare import OWN_PRE as OWN
 from ..reference import numerics as nx
 from ..reference.attention import LayerWeights, output_rank, rope_table, step_window_ids, window_part_length
 from ..reference.candidates import kept_block_ids, select_candidate_blocks
-from ..reference.compressor import completed_groups
+from ..reference.compressor import completed_groups, compressor_step, exact_step_rows, new_ring, ring_capacity
 from ..reference.config import AttnConfig, LayerRole, layer_roles
 from ..reference.fp8_linear import Fp8Weight, project, weight_cache
 from ..reference.indexer import (
@@ -170,6 +170,7 @@ class AttentionChain:
         self.fp8 = any(isinstance(w.wo_b, Fp8Weight) for w in weights.values())
         self.result = ChainJudgement()
         self.taken_as_golden: list[str] = []  # stages whose differing rows `shortcut` took as the golden's
+        self.comp_rings: dict[int, tuple[int, torch.Tensor]] = {}  # layer -> (step, the reference's ring before it)
 
     # --- the walk ----------------------------------------------------------------------------
 
@@ -411,7 +412,38 @@ class AttentionChain:
             return
         c.given["latent"] = Given(name, rows_of(golden, 2), reference=True)
         if name in self.actual:
-            self._output(c, "latent", lambda rows: rows_of(golden, 2)[rows], (), golden=golden, intermediate=True)
+            actual = self.actual[name]
+            same = (
+                attribute_problem(actual, golden.dtype, tuple(golden.shape)) or not differing(actual, golden, 2).any()
+            )
+            exact = {} if same else self._exact_latent(c)  # as judge_context: only where rows differ
+            self._output(
+                c,
+                "latent",
+                lambda rows: rows_of(golden, 2)[rows],
+                (),
+                extra=lambda rows, values: exact,
+                golden=golden,
+                intermediate=True,
+            )
+
+    def _exact_latent(self, c: Call) -> dict[str, torch.Tensor]:
+        """The rows `latent` holds without the reference's roundings after the compressor's fp32 projections,
+        and how far those roundings may take the reference's (`compressor.exact_step_rows`): the layer's
+        compressor replayed from a fresh ring over the schedule's inputs, as the golden was written."""
+        w, ratio = self._w(c).compressor, c.role.ratio
+        assert w is not None  # a kv source
+        step, ring = self.comp_rings.get(c.layer, (0, None))
+        if ring is None:
+            longest = max(end - start for start, end in self.schedule)
+            ring = new_ring(self.b, ring_capacity(ratio, max(longest, 1)) if ratio > 1 else 0, w.head_dim)
+        for i in range(step, c.step):
+            start, end = self.schedule[i]
+            ring = compressor_step(self.x[c.layer, :, start:end], start, ring, w, ratio).ring
+        self.comp_rings[c.layer] = (c.step, ring)
+        exact, error = exact_step_rows(self.x[c.layer, :, c.start : c.end], c.start, ring, w, ratio)
+        name = c.name("latent")
+        return {name + EXACT: exact, name + EXACT_ERROR: error}
 
     def _group_freqs(self, c: Call, rows: torch.Tensor) -> torch.Tensor:
         """The RoPE rows of the groups written this step, by flat row (b, group): each group's first position."""

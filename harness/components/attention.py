@@ -344,10 +344,12 @@ INTERMEDIATES = (
     OutputSpec(
         "latent",
         "bf16",
-        "the compressor's rows written this step, before RoPE (kv_finish's input)",
+        "the compressor's rows written this step, before RoPE (kv_finish's input); or no farther from the exact "
+        "rows than the reference's own bf16 cast before its norm takes it",
         "bf16",
         "b G hd",
         when="a kv source",
+        precision=True,
         kept="aux",
         feeds="RoPE and the index key's wk (no decision: a bf16 rounding)",
     ),

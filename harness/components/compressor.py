@@ -28,7 +28,8 @@ from ..reference import compressor as cp
 from ..registry import Component, OutputSpec, register
 from ..registry import ParamSpec as P
 from ..registry import TensorSpec as T
-from ..stepnames import step_of
+from ..precision import EXACT, EXACT_ERROR
+from ..stepnames import step_name, step_of
 from ..schedules import (
     compositions,
     is_rollback,
@@ -219,6 +220,20 @@ def _explain(name: str, params) -> str:
     )
 
 
+def _exact_rows(inputs, params):
+    """Every step's rows without the reference's roundings after the projections, and how far those
+    roundings may take the reference (`sNN.rows.exact`, `sNN.rows.exact_error`): the golden's schedule
+    replayed from its first ring, as the golden was written (more precision never fails)."""
+    weights, ratio, step_inputs = _weights(inputs, params), _ratio(params), _compressor_step_inputs(params)
+    ring, context = inputs["ring"], {}
+    for i, (start, end) in enumerate(params["schedule"]):
+        x = step_inputs(inputs, i, int(start), int(end))["x"]
+        exact, error = cp.exact_step_rows(x, int(start), ring, weights, ratio)
+        context[step_name(i, "rows") + EXACT], context[step_name(i, "rows") + EXACT_ERROR] = exact, error
+        ring = cp.compressor_step(x, int(start), ring, weights, ratio, check_capacity=False).ring
+    return context
+
+
 def _compressor_execute(call, inputs, params):
     return drive_steps(
         call,
@@ -244,7 +259,15 @@ register(
             T("ring", "f32", "b Sr 2 hd", "the ring the previous step returned (slot p % Sr: (score, latent))"),
         ),
         outputs=(
-            OutputSpec("rows", "bf16", "pre-RoPE latents of the groups the step completed, in order", "bf16", "b G hd"),
+            OutputSpec(
+                "rows",
+                "bf16",
+                "pre-RoPE latents of the groups the step completed, in order; or no farther from the exact "
+                "rows than the reference's own bf16 cast before its norm takes it",
+                "bf16",
+                "b G hd",
+                precision=True,
+            ),
             OutputSpec("row_positions", "exact", "each completed group's first position j*r", "int64", "G"),
             OutputSpec(
                 "ring_kept",
@@ -287,6 +310,7 @@ register(
         },
         build=_compressor_inputs,
         reference=_compressor_reference,
+        judge_context=_exact_rows,
         explain=_explain,
         execute=_compressor_execute,
         expected_outputs=step_output_names(RECORDED),

@@ -48,8 +48,9 @@ from typing import NamedTuple
 
 import torch
 
-from v41_conformance.reference.numerics import linear_bf16, linear_f32, rms_norm
+from v41_conformance.reference.numerics import linear_bf16_acc, linear_f32, rms_norm
 from v41_conformance.schedules import max_step, validate_schedule
+from v41_conformance.ulps import ulp_of
 
 SUPPORTED_RATIOS = (1, 2)
 SCORE, LATENT = 0, 1  # index of the (score, latent) axis of a ring slot
@@ -275,7 +276,7 @@ def compressor_step(
                 )
         if weights.wkv.dtype != torch.bfloat16:
             raise ValueError(f"ratio 1 wkv is a bf16 Linear (§3.1), got {weights.wkv.dtype}")
-        return StepResult(_norm(linear_bf16(x_chunk, weights.wkv), weights), positions, new_ring(b, 0, hd))
+        return StepResult(finish_row(linear_bf16_acc(x_chunk, weights.wkv), weights), positions, new_ring(b, 0, hd))
 
     if ring is None:
         raise ValueError("ratio 2 needs a ring: pass new_ring(b, ring_capacity(2, q_max), hd)")
@@ -285,15 +286,74 @@ def compressor_step(
         raise ValueError(f"ratio 2 needs a ring with at least one slot, got {tuple(ring.shape)}")
     if check_capacity:
         check_ring_capacity(slots, ratio, max(n, 1))
-    proj = compressor_projections(x_chunk, weights)  # [b, n, 2, hd] fp32
-    ring = ring.clone()
-    for t in range(n):  # write every new position first ...
+    ring = _written(ring, compressor_projections(x_chunk, weights), start)  # write every new position first ...
+    rows = [finish_row(pool_group(group).unsqueeze(1), weights) for group in _completed(ring, start, end, ratio)]
+    return StepResult(_cat_rows(rows, b, hd), positions, ring)  # ... then pool every group completed here
+
+
+def _written(ring: torch.Tensor, proj: torch.Tensor, start: int) -> torch.Tensor:
+    """A new ring: `ring` with the projections [b, n, 2, hd] of positions start .. start+n-1 written
+    into their slots (position p in slot p mod S), in position order."""
+    ring, slots = ring.clone(), ring.shape[1]
+    for t in range(proj.shape[1]):
         ring[:, (start + t) % slots] = proj[:, t]
-    rows = []
-    for j in completed_groups(start, end, ratio):  # ... then pool every group completed here
-        group = ring[:, [(j * ratio + m) % slots for m in range(ratio)]]  # [b, r, 2, hd]
-        rows.append(_norm(pool_group(group).unsqueeze(1).to(torch.bfloat16), weights))
-    return StepResult(_cat_rows(rows, b, hd), positions, ring)
+    return ring
+
+
+def _completed(ring: torch.Tensor, start: int, end: int, ratio: int) -> list[torch.Tensor]:
+    """The slots [b, r, 2, hd] of each group a step [start, end) completes, read back from the ring."""
+    slots = ring.shape[1]
+    return [ring[:, [(j * ratio + m) % slots for m in range(ratio)]] for j in completed_groups(start, end, ratio)]
+
+
+def finish_row(pooled: torch.Tensor, weights: CompressorWeights) -> torch.Tensor:
+    """fp32 [..., hd] (a group's pooled latent; at ratio 1 the wkv accumulator) -> the bf16 row: one cast
+    to bf16, then RMSNorm -> bf16 (M:482-484). The cast before the norm is the rounding an implementation
+    with more precision drops (`exact_step_rows`)."""
+    return rms_norm(pooled.to(torch.bfloat16), weights.norm_w, weights.eps)
+
+
+def exact_step_rows(
+    x_chunk: torch.Tensor, start: int, ring: torch.Tensor, weights: CompressorWeights, ratio: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 [b, G, hd] twice, for the rows `compressor_step` returns from the same arguments: each row's
+    value with no rounding after the fp32 projections the ring holds (the pooling, the norm and, at ratio 1,
+    the wkv accumulator exact), and how far the reference's own roundings may take its row from that: the
+    bf16 cast before the norm (half a bf16 ulp of each pooled element through the norm, and its shift of
+    the norm's scale). An implementation that rounds less than the reference lies nearer the first
+    (docs/verdicts.md, "GPU arithmetic")."""
+    check_ratio(ratio)
+    _check_x(x_chunk, weights)
+    end = start + x_chunk.shape[1]
+    if ratio == 1:
+        pooled = torch.nn.functional.linear(x_chunk.double(), weights.wkv.double())  # [b, n, hd], exact
+    else:
+        ring = _written(ring, compressor_projections(x_chunk, weights), start)
+        groups = [_pool_exact(group) for group in _completed(ring, start, end, ratio)]
+        hd = weights.head_dim
+        pooled = torch.stack(groups, 1) if groups else torch.empty(x_chunk.shape[0], 0, hd, dtype=torch.float64)
+    return _exact_norm(pooled, weights)
+
+
+def _pool_exact(group: torch.Tensor) -> torch.Tensor:
+    """`pool_group` in float64 without its final rounding: fp32 [b, r, 2, hd] -> float64 [b, hd]."""
+    scores = torch.softmax(group[:, :, SCORE].double(), dim=1)
+    return (group[:, :, LATENT].double() * scores).sum(dim=1)
+
+
+def _exact_norm(pooled: torch.Tensor, weights: CompressorWeights) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of float64 pooled latents [..., hd] in float64, and the bound on what the reference's bf16
+    cast of them before its norm moves each output: with p' = p + d (|d_i| <= h_i, half a bf16 ulp of
+    p_i), y_i = w_i p_i / r moves by at most |w_i| h_i / r + |y_i| (sum |p_i| h_i / sum p_i^2) to first
+    order, the second term the norm's scale r moving with every element. Second-order terms are at most
+    2^-8 of that (|d_i| <= 2^-8 |p_i|): the bound carries 2^-6 more."""
+    w = weights.norm_w.double()
+    square = pooled.square().mean(-1, keepdim=True)
+    r = torch.sqrt(square + weights.eps)
+    exact = w * pooled / r
+    h = ulp_of(pooled, torch.bfloat16) / 2
+    moved = (pooled.abs() * h).sum(-1, keepdim=True) / pooled.square().sum(-1, keepdim=True).clamp_min(1e-300)
+    return exact, (w.abs() * h / r + exact.abs() * moved) * (1 + 2.0**-6)
 
 
 def compressor_oneshot(
@@ -393,10 +453,6 @@ def _metadata(positions: list[int], slots: list[int], valid: list[bool]) -> Comp
         torch.tensor(slots, dtype=torch.int64),
         torch.tensor(valid, dtype=torch.bool),
     )
-
-
-def _norm(pooled_bf16: torch.Tensor, weights: CompressorWeights) -> torch.Tensor:
-    return rms_norm(pooled_bf16, weights.norm_w, weights.eps)
 
 
 def _cat_rows(rows: list[torch.Tensor], b: int, hd: int) -> torch.Tensor:

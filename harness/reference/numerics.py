@@ -346,8 +346,13 @@ def linear_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def linear_bf16(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """bf16 linear: x [..., in] @ w[out, in].T, fp32 accumulation, one rounding to bf16."""
+    return linear_bf16_acc(x, w).to(torch.bfloat16)
+
+
+def linear_bf16_acc(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """`linear_bf16`'s fp32 accumulator, before its rounding to bf16."""
     _check_linear(x, w, torch.bfloat16, "linear_bf16")
-    return _accumulate(x, w).to(torch.bfloat16)
+    return _accumulate(x, w)
 
 
 def _check_linear(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype, name: str) -> None:

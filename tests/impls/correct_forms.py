@@ -27,7 +27,11 @@ CORES = {
 }
 ORDERS = {"Fp8K128": gemm_orders.Fp8K128, "BlasBf16": gemm_orders.BlasBf16}
 # one internal rounding of the reference dropped at a time (P's is TiledFp32P's, among the cores)
-PRECISE = {"ExactHeadDots": precise_roundings.ExactHeadDots, "ExactHeadProducts": precise_roundings.ExactHeadProducts}
+PRECISE = {
+    "ExactHeadDots": precise_roundings.ExactHeadDots,
+    "ExactHeadProducts": precise_roundings.ExactHeadProducts,
+    "ExactPooledRow": precise_roundings.ExactPooledRow,
+}
 GPU = dict(gpu_gates.GATES)
 MAKERS = {**CPU, **GPU, **CORES, **ORDERS, **PRECISE}
 # Where each lives, as `--impl` takes it (the command that re-creates a failure).
@@ -45,7 +49,9 @@ SPECS = {name: f"{IMPLS / _FILES[name]}:{MAKERS[name].__name__}" for name in MAK
 REACH = {
     **{name: ("sparse_attn", "attention") for name in CORES},
     "Fp8K128": ("linear.fp8", "attention", "indexer"),
-    **{name: ("indexer", "indexer.scores", "attention") for name in PRECISE},
+    "ExactHeadDots": ("indexer", "indexer.scores", "attention"),
+    "ExactHeadProducts": ("indexer", "indexer.scores", "attention"),
+    "ExactPooledRow": ("compressor", "attention"),
 }
 
 

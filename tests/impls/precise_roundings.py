@@ -6,9 +6,11 @@ docs/verdicts.md "GPU arithmetic"); every output keeps its dtype and its final r
 | `ExactHeadDots` | each index head's dot product q.k rounded to bf16 before its ReLU (indexer.py) |
 | `ExactHeadProducts` | each head's ReLU'd dot times its weight rounded to bf16 before the head sum |
 | `TiledFp32P` (attention_cores.py) | sparse attention's P rounded to bf16 before P.V |
+| `ExactPooledRow` | the compressor's pooled latent (ratio 1: wkv's output) rounded to bf16 before its RMSNorm |
 
-Each replaces the reference's `indexer._scores_and_terms` (the scores; the term scales the verdict
-needs come from the reference), so it runs in `indexer`, `indexer.scores` and inside `attention`.
+The index forms replace the reference's `indexer._scores_and_terms` (the scores; the term scales the
+verdict needs come from the reference), so they run in `indexer`, `indexer.scores` and inside `attention`.
+`ExactPooledRow` replaces `compressor.finish_row`: it runs in `compressor` and inside `attention`.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import torch
 
 from v41_conformance.adapters.reference import ReferenceAdapter
 from v41_conformance.diagnosis.patching import replaced
+from v41_conformance.reference.numerics import rms_norm
 
 TARGET = "v41_conformance.reference.indexer:_scores_and_terms"
+ROW = "v41_conformance.reference.compressor:finish_row"
 
 
 def index_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, round_dots: bool, round_products: bool):
@@ -57,3 +61,15 @@ class ExactHeadProducts(_Dropped):
     """Each head's weighted term kept in fp32 into the head sum (one rounding fewer)."""
 
     round_products = False
+
+
+class ExactPooledRow(ReferenceAdapter):
+    """The compressor's fp32 pooled latent (ratio 1: the wkv accumulator) into RMSNorm unrounded, one cast to
+    bf16 after it (the reference casts to bf16 first, then norms)."""
+
+    def run(self, component, inputs, params):
+        def finish_row(pooled, weights):
+            return rms_norm(pooled.float(), weights.norm_w, weights.eps).to(torch.bfloat16)
+
+        with replaced(ROW, lambda original: finish_row):
+            return super().run(component, inputs, params)

@@ -91,28 +91,20 @@ class ChannelSoftmax(ReferenceAdapter):
             return super().run(component, inputs, params)
 
 
-def _ratio2_step(inputs, params, finish):
-    """A ratio-2 step written out: write every position, then pool each completed group and
-    hand the fp32 pooled vector [b, 1, hd] to `finish`."""
-    ring, start, x = inputs["ring"].clone(), int(params["start"]), inputs["x"]
-    slots = ring.shape[1]
-    proj = cp.compressor_projections(x, _weights(inputs, params))  # [b, n, 2, hd]
-    for t in range(x.shape[1]):
-        ring[:, (start + t) % slots] = proj[:, t]
-    groups = cp.completed_groups(start, start + x.shape[1], 2)
-    rows = [finish(cp.pool_group(ring[:, [(2 * j) % slots, (2 * j + 1) % slots]]).unsqueeze(1)) for j in groups]
-    hd = ring.shape[-1]
-    rows_t = torch.cat(rows, dim=1) if rows else torch.empty(x.shape[0], 0, hd, dtype=torch.bfloat16)
-    return _result(rows_t, torch.tensor([2 * j for j in groups], dtype=torch.int64), ring)
-
-
-class CastAfterNorm(ReferenceAdapter):
-    """RMSNorm on the fp32 pooled vector, then one cast to bf16 (upstream casts, then norms)."""
+class PooledTowardZero(ReferenceAdapter):
+    """Casts the fp32 pooled latent (ratio 1: wkv's output) to bf16 toward zero before RMSNorm, where upstream rounds to
+    nearest. The norm takes out most of the truncation's bias, so its rows lie 0.5-1.45x the reference's
+    distance from the exact value (median 1.03x): most cases pass, some fail. No variant of the catalogue
+    is this bug; an RMSNorm that rounds before its weight lies farther still from the exact value, and
+    must not be named for it (a variant explains an output by matching it, not by being less precise)."""
 
     def run(self, component, inputs, params):
-        if component != "compressor" or int(params["ratio"]) != 2:
+        def finish_row(pooled, weights):
+            truncated = (pooled.float().contiguous().view(torch.int32) & ~0xFFFF).view(torch.float32)
+            return rms_norm(truncated.to(torch.bfloat16), weights.norm_w, weights.eps)
+
+        with patched(cp, "finish_row", finish_row):
             return super().run(component, inputs, params)
-        return _ratio2_step(inputs, params, lambda pooled: rms_norm(pooled, inputs["norm_w"]).to(torch.bfloat16))
 
 
 class RopeAtLast(ReferenceAdapter):
