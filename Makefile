@@ -11,7 +11,7 @@ REPORT_DIR ?= reports/reference
 # the package metadata keeps its ranges for users. `make test-latest` tries the newest instead.
 CONSTRAINTS ?= constraints/test.txt
 
-.PHONY: install run test lint test-latest test-production test-distributed generate check verify bench clean browser
+.PHONY: install run test test-slow lint test-latest test-production test-distributed generate check verify bench clean browser
 
 $(VENV)/.installed: pyproject.toml Makefile $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -25,9 +25,14 @@ install: $(VENV)/.installed
 run: install
 	$(VENV)/bin/conformance run --impl reference --report-dir $(REPORT_DIR)
 
-# tests/test_lint.py runs `make lint`'s three checks inside the suite, beside the other tests.
+# tests/test_lint.py runs `make lint`'s three checks inside the suite, beside the other tests. The tests
+# tests/slow_tests.py names (installs, plugin sessions in subprocesses, sweeps of a gate over every golden,
+# whole attention diagnoses) run in `make test-slow`; CI runs both.
 test: install
 	$(PY) -m pytest -n auto --dist loadgroup -q
+
+test-slow: install
+	$(PY) -m pytest -n auto --dist loadgroup -q -m slow
 
 # pyflakes' rules and the format (ruff, pyproject.toml), and the types (mypy, tools/typecheck).
 lint: install
@@ -46,7 +51,7 @@ test-latest:
 	$(LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[lint]"
 	@echo "test-latest: the newest releases resolved here:"
 	@$(LATEST)/bin/python -m pip freeze --exclude-editable | sed 's/^/  /'
-	$(LATEST)/bin/python -m pytest -n auto --dist loadgroup -q
+	$(LATEST)/bin/python -m pytest -n auto --dist loadgroup -q -m 'not production and not distributed'
 
 # The production tier (docs/tiers.md): rebuild every case to its pinned SHA-256, build the
 # goldens locally, run the reference over them, then the production gates and mutants of

@@ -9,6 +9,15 @@ cost is its budget times its reference run (printed per implementation). One thr
 figures do not move with the machine's load.
 
     python benchmarks/diagnosis_cost.py [--budget RERUNS] [--repeats 2]
+
+With --production: a failing production attention case instead (issue 37's aim: judged and diagnosed
+within 2x the reference's own run of it). Each wrong kernel's answer is computed once outside the timed
+region (cached under /tmp, as benchmarks/production_judging.py caches its gates'), then the case is
+judged with the diagnosis on (the production budget) beside the reference's run; prints both, their
+ratio, the re-runs and stage screens the diagnosis made, and what it named. Needs the production goldens
+(`conformance generate --tier production --select 'attention/*'`).
+
+    python benchmarks/diagnosis_cost.py --production [--select 'attention/*']
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "impls")]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "impls"), str(ROOT / "benchmarks")]
 
 from v41_conformance.config import DIAGNOSIS_BUDGET, load_config  # noqa: E402
 from v41_conformance.golden import read_manifest  # noqa: E402
@@ -46,11 +55,67 @@ def mix() -> list[tuple[str, object, str]]:
     ]
 
 
+def production_mix() -> list[tuple[str, object]]:
+    """(label, make): wrong attention kernels whose first divergent stage is early (qr) and late (o)."""
+    import wrong_kernels
+
+    return [("NormBf16BeforeWeight", wrong_kernels.NormBf16BeforeWeight), ("SinkLeftOut", wrong_kernels.SinkLeftOut)]
+
+
+def production(select: str) -> None:
+    """The failing production cases judged and diagnosed, beside the reference's run (module docstring)."""
+    import torch
+
+    from production_judging import cached_answer, seconds
+
+    from v41_conformance import regenerated
+    from v41_conformance.golden import load_verified
+    from v41_conformance.known import get
+    from v41_conformance.runner import CaseResult, _diagnose, _judge
+
+    config = load_config(ROOT / "conformance.yaml").for_tier("production")
+    manifest = read_manifest(config.goldens)
+    chosen = [c for c in sorted(manifest) if matches(c, parse_select(select))]
+    if not chosen:
+        sys.exit(f"no production golden matches {select!r}: conformance generate --tier production --select ...")
+    torch.set_num_threads(1)
+    print(f"{'case':40s} {'implementation':22s} {'ref s':>7s} {'judged s':>9s} {'ratio':>6s} re-runs screens  named")
+    for case_id in chosen:
+        golden = load_verified(config.goldens, case_id, manifest, config.generate_command)
+        component = get(golden.meta["component"])
+        regenerated.restore(golden, component)
+        params = component.with_defaults(golden.meta["params"])
+        for label, make in production_mix():
+            answer = cached_answer(component, golden, params, case_id, label, make)
+            ref_s, _ = seconds(
+                lambda: component.reference_golden({k: v.clone() for k, v in golden.inputs.items()}, params)
+            )
+            result = CaseResult(case_id, component.name, "error")
+
+            def judged_and_diagnosed():
+                _judge(component, golden, dict(answer), params, config, {}, result)
+                if result.status == "fail":
+                    _diagnose(component, golden, dict(answer), params, config, {}, result)
+
+            judged_s, _ = seconds(judged_and_diagnosed)
+            d = result.diagnosis or {}
+            named = sorted({v for m in d.get("matches", []) for v in m["variants"]})
+            print(
+                f"{case_id:40s} {label:22s} {ref_s:7.1f} {judged_s:9.1f} {judged_s / ref_s:6.2f} "
+                f"{d.get('tried', 0):7d} {d.get('screened', 0):7d}  {result.status}: {', '.join(named) or '-'}",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=int, default=DIAGNOSIS_BUDGET)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--production", action="store_true", help="a failing production attention case")
+    parser.add_argument("--select", default="attention/*", help="with --production: the production cases")
     args = parser.parse_args()
+    if args.production:
+        return production(args.select)
     config = load_config(ROOT / "conformance.yaml")
     manifest = read_manifest(config.goldens)
     import torch

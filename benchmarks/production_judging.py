@@ -66,22 +66,28 @@ def perturbed(outputs: dict[str, torch.Tensor], tolerant) -> dict[str, torch.Ten
 def gate_answer(component, golden, params, case_id: str, gate: str) -> dict[str, torch.Tensor]:
     """The answer of the GPU-arithmetic gate `gate` (tests/impls/gpu_gates.py) on the golden's case: from
     the cache when an earlier run computed it, else run (minutes at production) and cached."""
-    cached = ANSWERS / f"{case_id.replace('/', '__')}.{golden.sha256[:16]}.{gate}.pt"
-    if cached.exists():
-        return torch.load(cached)
     impls = str(ROOT / "tests" / "impls")
     if impls not in sys.path:
         sys.path.insert(0, impls)
     import gpu_gates  # noqa: PLC0415  (tests/impls: only with --answer)
 
+    return cached_answer(component, golden, params, case_id, gate, gpu_gates.GATES[gate])
+
+
+def cached_answer(component, golden, params, case_id: str, label: str, make) -> dict[str, torch.Tensor]:
+    """The answer of the implementation `make()` (labelled `label`) on the golden's case: from the cache
+    (ANSWERS) when an earlier run computed it, else run (minutes at production) and cached."""
+    cached = ANSWERS / f"{case_id.replace('/', '__')}.{golden.sha256[:16]}.{label}.pt"
+    if cached.exists():
+        return torch.load(cached)
     from v41_conformance.runner import _execute  # noqa: PLC0415
 
     result = CaseResult(case_id, component.name, "error")
     start = time.perf_counter()
-    answer = _execute(component, gpu_gates.GATES[gate](), golden, params, result)
+    answer = _execute(component, make(), golden, params, result)
     if answer is None:
-        sys.exit(f"{gate} on {case_id}: {result.status} {result.message}")
-    print(f"  ({gate}'s answer to {case_id} computed in {time.perf_counter() - start:.0f} s)", flush=True)
+        sys.exit(f"{label} on {case_id}: {result.status} {result.message}")
+    print(f"  ({label}'s answer to {case_id} computed in {time.perf_counter() - start:.0f} s)", flush=True)
     ANSWERS.mkdir(parents=True, exist_ok=True)
     torch.save(answer, cached.with_suffix(".tmp"))
     cached.with_suffix(".tmp").replace(cached)

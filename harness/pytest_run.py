@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -238,13 +239,19 @@ class ConformanceRun:
     # -- running ------------------------------------------------------------------------------------
     def pytest_sessionstart(self, session):
         if self.controller and threading.current_thread() is threading.main_thread():
-            from .session import StopSignals
+            self.stop = _stop_signals(self.config).__enter__()  # SIGTERM stops the session the way Ctrl-C does
 
-            self.stop = StopSignals().__enter__()  # SIGTERM stops the session the way Ctrl-C does
-
-    @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session):
         self.ran = not self.config.option.collectonly
+        loop = self.stop if isinstance(self.stop, XdistLoopStop) else None
+        if loop is not None:
+            loop.looping = True
+        try:
+            return (yield)
+        finally:
+            if loop is not None:
+                loop.looping = False
 
     def judge(self, case_id: str, conformance_impl) -> dict:
         """One case's result (plain JSON, expectations applied), judged in this process's way."""
@@ -398,6 +405,76 @@ def _local_workers(config) -> bool:
     return bool(getattr(config.option, "numprocesses", None)) or any(
         "popen" in spec for spec in (getattr(config.option, "tx", None) or ())
     )
+
+
+def _stop_signals(config: pytest.Config):
+    """What SIGINT and SIGTERM do to the controller: stop the session the way Ctrl-C does
+    (`v41_conformance.session.StopSignals`), under pytest-xdist between two events of its loop."""
+    dsession = config.pluginmanager.getplugin("dsession")  # xdist's controller loop (-n, --dist)
+    if dsession is not None and hasattr(dsession, "queue"):
+        return XdistLoopStop(dsession)
+    from .session import StopSignals
+
+    return StopSignals()
+
+
+class XdistLoopStop:
+    """SIGINT and SIGTERM in the controller of a pytest-xdist session: `StopSignals`' stop (the first
+    one raises KeyboardInterrupt, later ones are only noted), raised where xdist's loop can take it.
+
+    The controller spends the run in xdist's loop (`DSession.loop_once`), waiting on a `queue.Queue`
+    for its workers' events. A KeyboardInterrupt raised by the handler at whatever bytecode the signal
+    interrupts can land in that wait after it let the queue's lock go and before it takes it back
+    (`Condition.wait`'s `finally`); the wait's `with` then releases an unlocked lock, and that
+    RuntimeError, not the KeyboardInterrupt, ends the session: an INTERNALERROR, so pytest skips the
+    terminal summary and the STOPPED line. So while the loop runs the handler only notes the signal, a
+    thread of this object hands the loop an event of its own, and the loop raises KeyboardInterrupt
+    when it takes that event, between two others. Before the loop starts and after it ends the first
+    signal interrupts at once, as `StopSignals` does; so does a second one while the loop runs (the
+    loop has not taken the first: something keeps it from its queue)."""
+
+    EVENT = "conformance_stop"  # xdist's loop calls its `worker_<event name>(**kwargs)` for each event
+
+    def __init__(self, dsession) -> None:
+        self.signal: int | None = None
+        self.looping = False  # set by ConformanceRun.pytest_runtestloop while xdist's loop runs
+        self._dsession = dsession
+        self._signalled = threading.Event()
+        self._closed = False
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum, frame):
+        if self.signal is None:
+            self.signal = signum
+            if self.looping:
+                self._signalled.set()  # nothing of the loop's is touched here: it may be mid-way in its queue
+                return
+            raise KeyboardInterrupt
+        if self.looping:
+            raise KeyboardInterrupt
+
+    def _hand_over(self) -> None:
+        """The thread between the handler and the loop. The handler runs in the main thread, which may
+        hold the queue's lock (a plain Lock) at that moment: its own `Queue.put` would wait for ever."""
+        self._signalled.wait()
+        if not self._closed:
+            self._dsession.queue.put((self.EVENT, {}))
+
+    def _stop_loop(self) -> None:
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> XdistLoopStop:
+        setattr(self._dsession, f"worker_{self.EVENT}", self._stop_loop)
+        threading.Thread(target=self._hand_over, name="conformance-stop", daemon=True).start()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._closed = True
+        self._signalled.set()  # the thread ends without handing anything over
 
 
 def _usage(exc: Exception) -> pytest.UsageError:

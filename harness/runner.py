@@ -198,11 +198,26 @@ def _diagnose(
         def screen(variant_params: dict, stop_on: frozenset[str]):  # noqa: E306
             return rejudged(component, golden, actual, variant_params, config, impl_conf, stop_on, upto=step)
 
+    stage = None
+    if component.chain is not None and result.first_divergent_stage:
+        first_stage = result.first_divergent_stage
+
+        def stage(variant_params: dict, stop_on: frozenset[str]):  # noqa: E306
+            return stage_judged(component, golden, actual, variant_params, config, impl_conf, first_stage)
+
     at = result.first_divergent_stage or (
         f"step {result.first_divergent_step}" if result.first_divergent_step is not None else ""
     )
     found = diagnose(
-        component.name, verdicts, params, rejudge, config.diagnosis_budget, at, screen, screen_cost=screen_cost
+        component.name,
+        verdicts,
+        params,
+        rejudge,
+        config.diagnosis_budget,
+        at,
+        screen,
+        screen_cost=screen_cost,
+        stage=stage,
     )
     result.diagnosis = found.to_json()
     return found.lines()
@@ -225,9 +240,9 @@ class _Stopped(Exception):
     """A re-judgement stops at the first output of `stop_on` that fails: nothing after it can change
     what the diagnosis concludes."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, ok: bool = False):
         super().__init__(name)
-        self.name = name
+        self.name, self.ok = name, ok
 
 
 def rejudged(
@@ -305,6 +320,31 @@ def rejudged(
         )
 
     return Rejudged(ok, frozenset(changed), digest.hexdigest(), evidence, nearer=nearer, tied=tied)
+
+
+def stage_judged(
+    component: Component, golden: Golden, actual: dict, params: dict, config: Config, impl_conf: dict, stage: str
+):
+    """One stage of a chain judged under whatever variant of a reference function is in force, given the
+    implementation's own inputs to it (the golden's values wherever nothing differs): the chain walked up
+    to that stage only, nothing re-run, the stage's differing rows rederived under the variant (never
+    taken as the golden's), judged without the reference's exact value. A `Rejudged` of that one stage,
+    None where the walk never reached it (the diagnosis's screen of its first divergent stage)."""
+    from .chain.stages import REDERIVED
+    from .diagnosis import Rejudged
+
+    judged, _ = _declined(golden, actual)
+    scratch = CaseResult(golden.meta.get("case_id", ""), component.name, "error")
+    token = REDERIVED.set(frozenset({stage}))
+    try:
+        _verdicts(
+            component, golden, judged, params, config, impl_conf, scratch, inexact=frozenset({stage}), stop_after=stage
+        )
+    except _Stopped as stopped:
+        return Rejudged({stage: stopped.ok}, frozenset({stage}), "", complete=False)
+    finally:
+        REDERIVED.reset(token)
+    return None
 
 
 def moves_toward(before: torch.Tensor, after: torch.Tensor, answer: Any) -> bool:
@@ -540,12 +580,14 @@ def _verdicts(
     result: CaseResult,
     stop_on: frozenset[str] = frozenset(),
     inexact: frozenset[str] = frozenset(),
+    stop_after: str | None = None,
 ) -> list[StageVerdict]:
     """Every output's verdict (and every returned intermediate's), in the order they are reported:
     along the component's chain where it has one, else by name against the golden as stored (or
     conditioned on the boundary flips its `rederive` hook finds). `_Stopped` at the first failing
-    output of `stop_on` (the diagnosis). The outputs named in `inexact` are judged without their exact
-    value (a variant's: the reference's distance from the exact value says nothing of the variant's)."""
+    output of `stop_on` (the diagnosis), or right after the chain's stage `stop_after`, with its verdict. The
+    outputs named in `inexact` are judged without their exact value (a variant's: the reference's distance
+    from the exact value says nothing of the variant's)."""
     if component.chain is not None:
         if _has_case_digest(golden, actual):  # the reference's every value (else judged stage by stage)
             return [
@@ -564,8 +606,8 @@ def _verdicts(
             verdict = compare_output(
                 name, expected, value, policy, without_exact(given, name) if name in inexact else given, params
             )
-            if not verdict.ok and name in stop_on:
-                raise _Stopped(name)
+            if (not verdict.ok and name in stop_on) or name == stop_after:
+                raise _Stopped(name, bool(verdict.ok))
             return verdict
 
         chain = component.chain(

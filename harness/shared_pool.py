@@ -33,10 +33,13 @@ class SharedPool:
 
         class Handler(socketserver.StreamRequestHandler):
             def handle(self):
-                for line in self.rfile:
-                    result = pool.result(line.decode().strip())
-                    self.wfile.write(json.dumps(result.to_json()).encode() + b"\n")
-                    self.wfile.flush()
+                try:
+                    for line in self.rfile:
+                        result = pool.result(line.decode().strip())
+                        self.wfile.write(json.dumps(result.to_json()).encode() + b"\n")
+                        self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):  # a stopped run's worker left before its result
+                    pass
 
         self.server = socketserver.ThreadingUnixStreamServer(self.address, Handler)
         self.server.daemon_threads = True

@@ -107,6 +107,16 @@ def pytest_configure(config):
         os.environ["CONFORMANCE_CACHE"] = _OWN_CACHE[0]
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+def pytest_collection_modifyitems(config, items):
+    """Mark `slow` what tests/slow_tests.py names (`make test-slow`; `make test` deselects it)."""
+    from slow_tests import slow_reason
+
+    for item in items:
+        if slow_reason(item.nodeid) is not None:
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_unconfigure(config):
     for folder in _OWN_CACHE:
         shutil.rmtree(folder, ignore_errors=True)

@@ -221,3 +221,21 @@ def test_no_variant_leaks_out_of_its_block():
             pass
     for case_id in cases("quant.*", 20) + cases("norm.rms/*", 4) + cases("rope.apply/*", 5):
         assert run_case(case_id, CONFIG, ReferenceAdapter(), "reference", MANIFEST).status == "pass", case_id
+
+
+def test_the_first_divergent_stage_is_screened_first_and_the_names_stay(monkeypatch):
+    """Along a chain every applicable variant is first judged on the first divergent stage alone (nothing
+    re-run); those under which it passes, and the tie orders, are re-run whole first. The same names as
+    re-running every variant whole (the screen answering nothing), for 4 re-runs instead of 52."""
+    import v41_conformance.runner as runner
+
+    case = "attention/a-p21-d1x11-upstream"
+    impl = wrong_kernels.ScoresWithoutRelu()
+    (screened,) = diagnosed(impl, case)
+    d = screened.diagnosis
+    assert named(screened) == ["index-scores-without-relu"] and d["screened"] == d["applicable"] > 30
+    assert d["tried"] <= 4 and not d["stopped"]
+    monkeypatch.setattr(runner, "stage_judged", lambda *args, **kwargs: None)
+    (whole,) = diagnosed(impl, case)
+    assert named(whole) == named(screened) and whole.diagnosis["matches"] == d["matches"]
+    assert whole.diagnosis["tried"] > 10 * d["tried"]

@@ -41,3 +41,20 @@ def test_mypy_passes_on_the_package():
     typed = _run(str(ROOT / "tools" / "typecheck"))
     assert typed.returncode == 0, typed.stdout[-6000:] + typed.stderr[-2000:]
     assert (ROOT / "harness" / "py.typed").is_file()  # adapters get the package's types (PEP 561)
+
+
+def test_every_slow_entry_names_a_test_that_exists():
+    """tests/slow_tests.py moves tests from `make test` to `make test-slow` by name: a renamed test would
+    silently come back into `make test` and its time with it."""
+    import re
+
+    from slow_tests import SLOW, slow_reason
+
+    for entry in SLOW:
+        file, _, name = entry.partition("::")
+        source = (ROOT / "tests" / file).read_text()
+        function = name.split("[", 1)[0]
+        assert not function or re.search(rf"^def {re.escape(function)}\(", source, re.M), entry
+    assert slow_reason("tests/test_package.py::test_anything") and not slow_reason("tests/test_lint.py::x")
+    assert slow_reason("tests/test_spaces.py::test_draws_build_and_the_reference_passes_them[attention]")
+    assert not slow_reason("tests/test_spaces.py::test_draws_build_and_the_reference_passes_them[indexer]")

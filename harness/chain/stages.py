@@ -17,6 +17,7 @@ for the rows a later stage asks for. Pure functions of tensors otherwise; no I/O
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,12 @@ class StageVerdict:
     @property
     def explained(self) -> bool:
         return explained(self.verdict)
+
+
+# The stages a diagnosis screens a variant on (harness/runner.py, `stage_passes`): rederived from their
+# inputs whatever those are, never taken as the golden's rows (the shortcut would take them as the
+# reference computed them, not as the variant in force does).
+REDERIVED: ContextVar[frozenset[str]] = ContextVar("REDERIVED", default=frozenset())
 
 
 @dataclass

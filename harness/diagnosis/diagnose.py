@@ -109,6 +109,7 @@ class Diagnosis:
     # (variant, output, bits): a variant that reproduces an output on too little evidence to be named
     weak: list[tuple[str, str, float]] = field(default_factory=list)
     tried: int = 0  # re-runs of the reference (screens of a schedule's first steps included)
+    screened: int = 0  # variants judged on the first divergent stage alone (nothing re-run; not in `tried`)
     spent: float = 0.0  # what they cost, in re-runs of the whole case (a screen costs its share of the steps)
     applicable: int = 0
     budget: int = 0
@@ -176,12 +177,19 @@ def diagnose(
     at: str = "",
     screen: Rejudge | None = None,
     screen_cost: float = 1.0,
+    stage: Rejudge | None = None,
 ) -> Diagnosis:
     """`verdicts`: every judged output's verdict (True: passed) under the reference; `rejudge(params,
     stop_on)` judges the case again under whatever variant is in force; `budget`: re-runs at most.
     `screen`, for a long schedule: the same on its first steps only (up to the first divergent one),
     `screen_cost` of a whole re-run; a variant under which an output you got right there fails is
-    dropped before its whole schedule is re-run (it could be named for nothing)."""
+    dropped before its whole schedule is re-run (it could be named for nothing).
+    `stage`, along a chain: the first divergent stage alone judged under the variant, given the
+    implementation's own inputs to it (nothing re-run, nothing spent). The variants under which it passes,
+    and the tie orders (whose evidence a run gathers), are re-run whole first: a variant under which it
+    still fails cannot explain every failing output, so the others are re-run only where none of the
+    first does (for what each explains, and pairs). A match is then found for one whole re-run, not one
+    per variant, and the names are those of re-running them all."""
     result = Diagnosis(at=at, budget=budget)
     failing = sorted(n for n, ok in verdicts.items() if not ok)
     passing = frozenset(n for n, ok in verdicts.items() if ok)
@@ -201,8 +209,23 @@ def diagnose(
         except Exception:  # a variant that cannot run on this case explains nothing
             return None
 
+    leading = candidates
+    if stage is not None:
+        leading = []
+        for v in candidates:
+            with together((v,)) as variant_params:
+                try:
+                    judged = stage(variant_params(params), frozenset())
+                except Exception:  # noqa: BLE001  (a variant that cannot run here explains nothing)
+                    judged = None
+            result.screened += 1
+            if v.evidence or (judged is not None and all(judged.ok.values())):
+                leading.append(v)
+        candidates = leading + [v for v in candidates if v not in leading]
     singles: list[_Single] = []
     for i, v in enumerate(candidates):
+        if i == len(leading) and any(len(s.explains) == len(failing) and not s.breaks for s in singles):
+            break  # a match among the variants the first divergent stage passes under: the rest cannot be one
         if result.spent + (screen_cost if screen is not None else 0.0) + 1 > budget:
             result.stopped = (
                 f"budget of {budget} re-run(s) spent after {i} of {len(candidates)} variant(s) (--diagnosis-budget)"
