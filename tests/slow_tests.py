@@ -40,6 +40,58 @@ SLOW = {
         "regenerates the goldens under another ATen CPU capability"
     ),
     "test_fp8.py::test_attention_with_fp8_weights_fails_where_act_quant_is_skipped": "every fp8 attention case",
+    # A second instance of a check make test keeps one of (the other parametrisation, the other bug).
+    "test_fp8.py::test_classic_fp8_gemm_bugs_fail_on_the_output_they_break[PerRowScales-broken0]": (
+        "a second fp8 GEMM bug over the production linear.fp8 cases (make test keeps Unquantised)"
+    ),
+    "test_fp8.py::test_classic_fp8_gemm_bugs_fail_on_the_output_they_break[Block128-broken1]": (
+        "a third fp8 GEMM bug over the production linear.fp8 cases"
+    ),
+    **{
+        f"test_components_attention.py::{name}[attention/a-fp8-p21-d1x11-fixed]": (
+            "the fp8 checkpoint's instance (make test keeps the bf16 one)"
+        )
+        for name in (
+            "test_compressed_ids_offset_by_the_chunk_length_fail_at_the_ids_from_the_first_decode_step",
+            "test_reindex_layer_reading_its_own_empty_keys_fails_its_scores_at_prefill",
+            "test_skipped_inverse_rope_fails_every_layer_at_o",
+        )
+    },
+    **{
+        f"test_chain.py::test_correct_implementations_pass_every_attention_case_they_run[{core}]": (
+            "an attention core over every attention case (make test keeps PlainSoftmax; test_fuzz.py's smoke "
+            "runs every core on a fresh case)"
+        )
+        for core in ("TiledFp32P", "OnePassBf16P", "Tiles128", "Fp8K128", "BlasBf16")
+    },
+    "test_chain.py::test_a_core_without_its_intermediates_fails_fp8_out_and_names_z[TiledFp32P]": (
+        "the second core (make test keeps PlainSoftmax)"
+    ),
+    **{
+        f"test_chain.py::test_no_bug_is_absorbed_without_its_intermediates[{mutant}]": (
+            "a bug judged without intermediates (make test keeps three; test_each_bug_fails_at_the_stage_that_holds_"
+            "it runs every one)"
+        )
+        for mutant in ("RopeOnFirstDims", "Bf16KvScale", "OutputScaled", "WoBRowScales", "WindowNewestFirst")
+    },
+    **{
+        f"test_gates.py::test_gate_passes_every_case_it_supports[{gate}]": (
+            "a gate over every case (make test keeps upstream; test_fuzz.py's smoke runs each on fresh cases)"
+        )
+        for gate in ("float64", "plain-softmax")
+    },
+    "test_fuzz.py::test_a_shape_bug_is_found_shrunk_promoted_and_then_fails_run[WindowPositions16Bit]": (
+        "a second shape bug found, shrunk and promoted (make test keeps DropsLanesPastFourTiles)"
+    ),
+    "test_cuda_fork.py::test_cli_children_use_cuda_after_the_runs_own_process_initialised_the_driver[2]": (
+        "two isolation children (make test keeps the run without)"
+    ),
+    "test_fuzz.py::test_a_shape_bug_is_found_shrunk_promoted_and_then_fails_run[CompressorBatchOf3]": (
+        "a third shape bug found, shrunk and promoted"
+    ),
+    "test_diagnosis_trust.py::test_two_bugs_in_two_stages_are_both_named_with_what_each_explains": (
+        "an attention diagnosis of two bugs"
+    ),
     # Diagnoses of whole attention cases: every variant re-runs the whole reference.
     "test_diagnosis.py::test_independently_written_wrong_kernels_get_their_diagnosis": (
         "attention diagnoses of independently written kernels"
