@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import signal
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -31,6 +30,7 @@ import pytest
 
 from .pytest_names import FROM_OPTION, NODE_PREFIX, OVERRIDE_CHECK, RUN
 from .pytest_plugin import MESSAGE_CHARS, RESULT_KEY, ResultCollector
+from .stop_signals import StopSignals
 
 if TYPE_CHECKING:
     from .config import Config
@@ -407,18 +407,16 @@ def _local_workers(config) -> bool:
     )
 
 
-def _stop_signals(config: pytest.Config):
+def _stop_signals(config: pytest.Config) -> StopSignals:
     """What SIGINT and SIGTERM do to the controller: stop the session the way Ctrl-C does
-    (`v41_conformance.session.StopSignals`), under pytest-xdist between two events of its loop."""
+    (`StopSignals`), under pytest-xdist between two events of its loop."""
     dsession = config.pluginmanager.getplugin("dsession")  # xdist's controller loop (-n, --dist)
     if dsession is not None and hasattr(dsession, "queue"):
         return XdistLoopStop(dsession)
-    from .session import StopSignals
-
     return StopSignals()
 
 
-class XdistLoopStop:
+class XdistLoopStop(StopSignals):
     """SIGINT and SIGTERM in the controller of a pytest-xdist session: `StopSignals`' stop (the first
     one raises KeyboardInterrupt, later ones are only noted), raised where xdist's loop can take it.
 
@@ -436,12 +434,11 @@ class XdistLoopStop:
     EVENT = "conformance_stop"  # xdist's loop calls its `worker_<event name>(**kwargs)` for each event
 
     def __init__(self, dsession) -> None:
-        self.signal: int | None = None
+        super().__init__()
         self.looping = False  # set by ConformanceRun.pytest_runtestloop while xdist's loop runs
         self._dsession = dsession
         self._signalled = threading.Event()
         self._closed = False
-        self._previous: dict[int, Any] = {}
 
     def _handle(self, signum, frame):
         if self.signal is None:
@@ -466,13 +463,11 @@ class XdistLoopStop:
     def __enter__(self) -> XdistLoopStop:
         setattr(self._dsession, f"worker_{self.EVENT}", self._stop_loop)
         threading.Thread(target=self._hand_over, name="conformance-stop", daemon=True).start()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._handle)
+        super().__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        super().__exit__(*exc)
         self._closed = True
         self._signalled.set()  # the thread ends without handing anything over
 

@@ -56,7 +56,6 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -74,6 +73,7 @@ from .plan import RunOptions, case_costs, ids_digest, run_document, select_case_
 from .known import components
 from .rundir import RunDir
 from .runner import STATUSES
+from .stop_signals import StopSignals
 from .store import identity
 
 RESULTS_SCHEMA = 1
@@ -216,29 +216,6 @@ def run(config: Config, options: RunOptions) -> dict:
                 doc["baseline"] = diff_results(baseline, doc, str(options.baseline), str(options.report_dir))
             write_reports(doc, options.report_dir)
     return doc
-
-
-class StopSignals:
-    """While the run lasts, SIGINT and SIGTERM stop pytest the way Ctrl-C does (the first one
-    raises KeyboardInterrupt; later ones are only noted, so the reports still get written)."""
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum, frame):
-        if self.signal is None:
-            self.signal = signum
-            raise KeyboardInterrupt
-
-    def __enter__(self) -> StopSignals:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 def stopped_reason(signum: int | None, stopped_early_by: str = "") -> str:
