@@ -198,26 +198,25 @@ def diagnose(
     if not failing:
         return result
 
-    def run(
-        *variants: Variant, stop_on: frozenset[str] = passing, judge: Rejudge = rejudge, cost: float = 1.0
-    ) -> Rejudged | None:
-        result.tried += 1
-        result.spent = round(result.spent + cost, 6)
+    def under(variants: tuple[Variant, ...], judge: Rejudge, stop_on: frozenset[str]) -> Rejudged | None:
         try:
             with together(variants) as variant_params:
                 return judge(variant_params(params), stop_on)
         except Exception:  # a variant that cannot run on this case explains nothing
             return None
 
+    def run(
+        *variants: Variant, stop_on: frozenset[str] = passing, judge: Rejudge = rejudge, cost: float = 1.0
+    ) -> Rejudged | None:
+        result.tried += 1
+        result.spent = round(result.spent + cost, 6)
+        return under(variants, judge, stop_on)
+
     leading = candidates
     if stage is not None:
         leading = []
         for v in candidates:
-            with together((v,)) as variant_params:
-                try:
-                    judged = stage(variant_params(params), frozenset())
-                except Exception:  # noqa: BLE001  (a variant that cannot run here explains nothing)
-                    judged = None
+            judged = under((v,), stage, frozenset())
             result.screened += 1
             if v.evidence or (judged is not None and all(judged.ok.values())):
                 leading.append(v)
