@@ -45,11 +45,21 @@ STATUSES = ("pass", "fail", "error", "crash", "timeout")
 FORMS = (*forms.CORES, *forms.ORDERS, *forms.PRECISE)
 
 
+def _progress(name: str, seconds: float, tally: dict) -> None:
+    judged = {g: t for (c, g), t in tally.items() if c == name and g != "-"}
+    print(
+        f"# {name}: {seconds:.0f} s, "
+        + ", ".join(f"{g} {t['pass']}/{sum(t[k] for k in STATUSES)}" for g, t in sorted(judged.items())),
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=int, default=40, help="cases per component (default 40)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--start", type=int, default=0, help="first draw index (shards: --start 0 and --start N)")
+    parser.add_argument("--progress", type=int, default=0, help="a tally line every N cases of a component")
     parser.add_argument("--select", action="append", default=[], help="component patterns (default: all)")
     parser.add_argument("--gpu", action="store_true", help="the GPU-arithmetic gates too (tests/impls/gpu_gates.py)")
     parser.add_argument("--forms", action="store_true", help="the attention cores and GEMM orders too")
@@ -106,13 +116,10 @@ def main() -> None:
                         f"    conformance fuzz --impl {GATES[gate_name]} --seed {args.seed} "
                         f"--index {index} --select {name}"
                     )
+            if args.progress and (index + 1 - args.start) % args.progress == 0:
+                _progress(name, time.perf_counter() - began, tally)
         seconds[name] += time.perf_counter() - began
-        judged = {g: t for (c, g), t in tally.items() if c == name and g != "-"}
-        print(
-            f"# {name}: {seconds[name]:.0f} s, "
-            + ", ".join(f"{g} {t['pass']}/{sum(t[k] for k in STATUSES)}" for g, t in sorted(judged.items())),
-            flush=True,
-        )
+        _progress(name, seconds[name], tally)
     elapsed = time.perf_counter() - started
     print(
         f"{args.cases} fresh case(s) per component (draws {args.start}-{args.start + args.cases - 1}), seed {args.seed}, "

@@ -47,6 +47,9 @@ SLOW = {
     "test_fp8.py::test_classic_fp8_gemm_bugs_fail_on_the_output_they_break[Block128-broken1]": (
         "a third fp8 GEMM bug over the production linear.fp8 cases"
     ),
+    "test_fp8.py::test_a_fused_wo_b_with_a_wrong_quantisation_still_fails_at_out[FusedZTowardZero]": (
+        "a second fused wo_b bug over the fp8 attention cases (make test keeps FusedZFloatScales)"
+    ),
     **{
         f"test_components_attention.py::{name}[attention/a-fp8-p21-d1x11-fixed]": (
             "the fp8 checkpoint's instance (make test keeps the bf16 one)"

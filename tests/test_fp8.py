@@ -85,3 +85,25 @@ def test_attention_with_fp8_weights_fails_where_act_quant_is_skipped(tmp_path):
     for case in doc["cases"]:  # without intermediates: window rows and every layer's output
         assert case["status"] == "fail" and case["first_divergent_step"] == 0
         assert "output 's00.window_rows'" in case["message"] and "output 's00.l0.out'" in case["message"]
+
+
+def test_wo_b_may_quantise_z_before_or_after_its_bf16_rounding(tmp_path):
+    """A fused kernel feeds wo_b's act_quant wo_a's fp32 accumulator, never rounding z (ExactZ): at the
+    bf16 z's e4m3 ties it takes the other code, and judged given its z alone it fails 3 of 3 fp8 cases.
+    Judged again from z's accumulator (rederived from its own o), every case passes."""
+    proc, doc = _run(tmp_path, f"{IMPLS}/precise_roundings.py:ExactZ", "attention/a-fp8-*")
+    assert proc.returncode == 0, proc.stdout
+    outs = [m for c in doc["cases"] for n, m in c["outputs"].items() if n.endswith(".out")]
+    assert any(m.get("given") == ["z", "o"] for m in outs)  # the second form stood where the first failed
+
+
+@pytest.mark.parametrize("impl", ["FusedZFloatScales", "FusedZTowardZero"])
+def test_a_fused_wo_b_with_a_wrong_quantisation_still_fails_at_out(tmp_path, impl):
+    """Next to that allowance: the fused kernel with fp32 (not power-of-two) block scales, or truncating
+    to e4m3, fails at `out`, the stage with the bug, under both forms."""
+    proc, doc = _run(tmp_path, f"{IMPLS}/wrong_fp8.py:{impl}", "attention/a-fp8-*")
+    assert proc.returncode == 1
+    for case in doc["cases"]:
+        assert case["status"] == "fail" and case["first_divergent_stage"] == "s00.l0.out", case["id"]
+        failing = {n for n, m in case["outputs"].items() if not m["ok"]}
+        assert failing and all(n.endswith(".out") for n in failing), sorted(failing)

@@ -6,7 +6,8 @@ minutes on 2 cores: each implementation runs the 1,030-token case once, and is j
 intermediates and without them). `make test` leaves them out.
 
 - every correct implementation passes, given its own intermediates: upstream's arithmetic, float64,
-  the four attention cores, the two GEMM orders;
+  the six attention cores, the two GEMM orders, the four forms that drop one internal rounding (and
+  the two index forms pass the production indexer cases);
 - every mutant of tests/impls/wrong_kernels.py fails at the stage that holds its bug, and without its
   intermediates still fails (the block-size bug included: the window rows' boundary allowance is
   the element's own, not its block's).
@@ -22,7 +23,7 @@ from v41_conformance.config import load_config
 from v41_conformance.golden import load_verified, read_manifest
 from v41_conformance.known import get
 from v41_conformance.runner import CaseResult, _execute, _judge
-from impls import attention_cores, gemm_orders, gpu_arith, wrong_kernels
+from impls import attention_cores, gemm_orders, gpu_arith, precise_roundings, wrong_kernels
 from impls.gate_float64 import Float64
 from impls.gate_upstream import UpstreamTorch
 from impls.wrong_attention import PlainSoftmax
@@ -36,8 +37,14 @@ GATES = [
     attention_cores.TiledFp32P,
     attention_cores.Tiles128,
     attention_cores.OnePassBf16P,
+    attention_cores.SinkColumn64,
+    attention_cores.SinkFactor64,
     gemm_orders.Fp8K128,
     gemm_orders.BlasBf16,
+    precise_roundings.ExactHeadDots,
+    precise_roundings.ExactHeadProducts,
+    precise_roundings.ExactPooledRow,
+    precise_roundings.ExactZ,
 ]
 
 
@@ -126,6 +133,17 @@ def test_gpu_arithmetic_passes_the_production_indexer_cases(gate):
     manifest = read_manifest(config.goldens)
     for case_id in INDEXER:
         result = run_case(case_id, config, gpu_arith.GATES[gate](), gate, manifest)
+        assert result.status == "pass", (case_id, result.message[:2000])
+
+
+@pytest.mark.parametrize("form", ["ExactHeadDots", "ExactHeadProducts"])
+def test_index_forms_with_one_rounding_fewer_pass_the_production_indexer_cases(form):
+    from v41_conformance.runner import run_case
+
+    config = load_config(ROOT / "conformance.yaml").for_tier("production")
+    manifest = read_manifest(config.goldens)
+    for case_id in INDEXER:
+        result = run_case(case_id, config, getattr(precise_roundings, form)(), form, manifest)
         assert result.status == "pass", (case_id, result.message[:2000])
 
 

@@ -308,11 +308,15 @@ def attention_step(
 def output_rank(o: torch.Tensor, wo_a: torch.Tensor, cfg: AttnConfig) -> torch.Tensor:
     """The grouped wo_a projection (M:782-786): o bf16 [..., h, hd] -> z bf16 [..., g * o_lora], each
     group's h*hd/g channels times its o_lora rows, fp32 accumulate, one rounding (wo_b's input)."""
+    return output_rank_acc(o, wo_a, cfg).to(torch.bfloat16)
+
+
+def output_rank_acc(o: torch.Tensor, wo_a: torch.Tensor, cfg: AttnConfig) -> torch.Tensor:
+    """`output_rank`'s fp32 accumulator, before its rounding to bf16: fp32 [..., g * o_lora]."""
     lead = o.shape[:-2]
     wo_a = wo_a.view(cfg.o_groups, cfg.o_lora_rank, -1)  # [g, r, h*hd/g]
     grouped = o.reshape(-1, cfg.o_groups, wo_a.shape[-1])  # [n, g, h*hd/g]
-    z = einsum_f32("ngd,grd->ngr", grouped, wo_a).to(torch.bfloat16)  # [n, g, r]
-    return z.reshape(*lead, -1)
+    return einsum_f32("ngd,grd->ngr", grouped, wo_a).reshape(*lead, -1)  # [n, g, r] flattened
 
 
 def _compress(layer, role, cfg, w, state, runtime, x, start, table, policy, dumps):

@@ -187,6 +187,16 @@ def linear_fp8(x: torch.Tensor, weight: Fp8Weight) -> Fp8LinearResult:
     return Fp8LinearResult(fp8_gemm(q.codes, q.scales, weight).to(torch.bfloat16), q.codes, q.scale_bytes)
 
 
+def project_unrounded(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
+    """`project` of an fp32 input a kernel never rounded to bf16 (it quantises or multiplies its own
+    accumulator): act_quant of the fp32 values then the fp8 GEMM, or the bf16 weight times the fp32
+    input accumulated exactly; one rounding to bf16 either way. bf16 [..., N]."""
+    if isinstance(weight, Fp8Weight):
+        q = nx.fp8_qdq_ue8m0(x.float(), BLOCK)
+        return fp8_gemm(q.codes, q.scales, weight).to(torch.bfloat16)
+    return torch.einsum("...k,nk->...n", x.double(), weight.double()).float().to(torch.bfloat16)
+
+
 def project(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
     """One of the attention path's Linears, as `linear()` dispatches it (M:181-207): an fp8 weight
     goes through act_quant + fp8_gemm, a bf16 one through the bf16 GEMM. bf16 [..., N]."""

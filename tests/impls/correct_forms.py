@@ -31,6 +31,7 @@ PRECISE = {
     "ExactHeadDots": precise_roundings.ExactHeadDots,
     "ExactHeadProducts": precise_roundings.ExactHeadProducts,
     "ExactPooledRow": precise_roundings.ExactPooledRow,
+    "ExactZ": precise_roundings.ExactZ,
 }
 GPU = dict(gpu_gates.GATES)
 MAKERS = {**CPU, **GPU, **CORES, **ORDERS, **PRECISE}
@@ -52,6 +53,7 @@ REACH = {
     "ExactHeadDots": ("indexer", "indexer.scores", "attention"),
     "ExactHeadProducts": ("indexer", "indexer.scores", "attention"),
     "ExactPooledRow": ("compressor", "attention"),
+    "ExactZ": ("attention",),
 }
 
 

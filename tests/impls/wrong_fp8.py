@@ -9,6 +9,7 @@ from v41_conformance.reference import fp8_linear as fp8
 from v41_conformance.reference import numerics as nx
 from gate import bare
 from patching import patched
+import precise_roundings
 
 
 class PerRowScales(ReferenceAdapter):
@@ -76,3 +77,36 @@ class AttentionSkipsActQuant(ReferenceAdapter):
 
 
 BareAttentionSkipsActQuant = bare(AttentionSkipsActQuant)
+
+
+class _FusedZ(precise_roundings.ExactZ):
+    """attention whose wo_b quantises wo_a's fp32 accumulator itself (as ExactZ, a correct fused kernel), with
+    one bug in that quantisation (`quantise`: fp32 [..., K] -> its dequantised fp8 values)."""
+
+    @classmethod
+    def wo_b(cls, acc, weight):
+        if not isinstance(weight, fp8.Fp8Weight):
+            return precise_roundings.ExactZ.wo_b(acc, weight)
+        x = cls.quantise(acc.float().unflatten(-1, (-1, fp8.BLOCK))).flatten(-2)
+        return (x.double() @ fp8.dequantise_weight(weight).double().T).to(torch.bfloat16)
+
+
+class FusedZFloatScales(_FusedZ):
+    """Each block's scale amax / 448 as an fp32 number, not rounded up to a power of two (DeepGEMM's
+    `per_token_cast_to_fp8` without `use_ue8m0`; upstream's act_quant takes ue8m0 scales)."""
+
+    @staticmethod
+    def quantise(blocks):
+        s = blocks.abs().amax(-1, keepdim=True).clamp_min(nx.FP8_AMAX_FLOOR) / nx.E4M3_MAX
+        return (blocks / s).clamp(-nx.E4M3_MAX, nx.E4M3_MAX).to(torch.float8_e4m3fn).float() * s
+
+
+class FusedZTowardZero(_FusedZ):
+    """Each scaled value cut to e4m3's 3 mantissa bits toward zero (a conversion in round-toward-zero
+    mode) where upstream rounds to nearest even."""
+
+    @staticmethod
+    def quantise(blocks):
+        s = nx.pow2_ceil(blocks.abs().amax(-1, keepdim=True).clamp_min(nx.FP8_AMAX_FLOOR) / nx.E4M3_MAX)
+        cut = ((blocks / s).view(torch.int32) & ~((1 << 20) - 1)).view(torch.float32)
+        return cut.clamp(-nx.E4M3_MAX, nx.E4M3_MAX).to(torch.float8_e4m3fn).float() * s
