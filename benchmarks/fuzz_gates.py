@@ -16,7 +16,8 @@ the edge). Failures are listed with the command that re-creates them.
 
 --forms adds every attention core (PlainSoftmax, TiledFp32P, Tiles128, OnePassBf16P, the float64 sink
 column and sink factor), the GEMM orders (Fp8K128, BlasBf16) and the forms that drop one internal
-rounding (ExactHeadDots, ExactHeadProducts), each on the components it changes.
+rounding (ExactHeadDots, ExactHeadProducts, ExactPooledRow, ExactZ), each on the components it changes.
+--progress N prints the tally every N cases of a component (long runs).
 """
 
 from __future__ import annotations
