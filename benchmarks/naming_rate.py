@@ -28,7 +28,12 @@ STRICT = "strict_signed_zeros"
 # label -> (file:class under tests/impls, the cases it runs, the variants it carries, impl config flags).
 # Each port's docstring says what it does; the names here are the catalogue's for the same behaviour.
 PORTS: dict[str, tuple[str, str, frozenset[str], tuple[str, ...]]] = {
-    "HfLogitsBf16": ("ports.py:HfLogitsBf16", "sparse_attn/*,attention/*", frozenset({"attention-logits-bf16"}), ()),
+    "HfLogitsBf16": (
+        "ports.py:HfLogitsBf16",
+        "sparse_attn/*,attention/*",
+        frozenset({"attention-logits-bf16", "attention-eager-bf16-with-sinks"}),
+        (),
+    ),
     "NormOutputBf16": ("ports.py:NormOutputBf16", "norm.rms/*", frozenset({"rmsnorm-output-bf16"}), ()),
     "NormAllBf16": ("ports.py:NormAllBf16", "norm.rms/*", frozenset({"rmsnorm-bf16-throughout"}), ()),
     "SignTimesTableE2M1": (

@@ -64,6 +64,7 @@ WHERE = {
     "e2m1-zero-input-sign-lost": "quant.fp4_e4m3/zero-blocks-*",
     "fp8-no-amax-floor-at-all": "quant.fp8_ue8m0/zero-blocks-*",
     "attention-logits-bf16": "sparse_attn/*",
+    "attention-eager-bf16-with-sinks": "sparse_attn/*",
 }
 STRICT = {"strict_signed_zeros": True}  # the sign of zero is accepted otherwise: nothing to diagnose
 

@@ -44,7 +44,13 @@ def full(result) -> list[tuple[str, ...]]:
 @pytest.mark.parametrize(
     "impl, pattern, name, conf",
     [
-        (ports.HfLogitsBf16(), "sparse_attn/multi-tile-*", "attention-logits-bf16", None),
+        # transformers' eager path: its bf16 logits alone explain this case too (both are what the port does)
+        (
+            ports.HfLogitsBf16(),
+            "sparse_attn/multi-tile-*",
+            "attention-eager-bf16-with-sinks|attention-logits-bf16",
+            None,
+        ),
         (ports.NormOutputBf16(), "norm.rms/*", "rmsnorm-output-bf16", None),
         (ports.NormAllBf16(), "norm.rms/*", "rmsnorm-bf16-throughout", None),
         (ports.YarnWithoutRamp(), "rope.yarn_table/*", "yarn-no-ramp", None),
@@ -57,10 +63,11 @@ def full(result) -> list[tuple[str, ...]]:
 def test_a_port_written_apart_gets_its_one_bug_and_nothing_else(impl, pattern, name, conf):
     results = failing(impl, pattern, conf=conf)
     assert results, f"{type(impl).__name__} fails none of {pattern}"
+    names = set(name.split("|"))  # the names of what the port does
     for r in results:
-        assert full(r) and all(name in m for m in full(r)), (r.id, r.diagnosis)
-        assert named(r) <= {name} | set(_indistinguishable(r)), (r.id, r.diagnosis)
-        assert f"[{name}]" in r.message and "passes its own comparison" in r.message
+        assert full(r) and all(names & set(m) for m in full(r)), (r.id, r.diagnosis)
+        assert named(r) <= names | set(_indistinguishable(r)), (r.id, r.diagnosis)
+        assert f"[{name.split('|')[0]}]" in r.message and "passes its own comparison" in r.message
 
 
 def _indistinguishable(result) -> list[str]:

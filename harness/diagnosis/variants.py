@@ -93,7 +93,9 @@ def _both(*makers: Callable[[], ContextManager]) -> Callable[[], ContextManager]
 def _norm_bf16_before_weight(original):
     def rms_norm(x, weight, eps=1e-20):
         unit = original(x, torch.ones_like(weight, dtype=torch.float32), eps)  # x * rsqrt, rounded to x.dtype
-        return (weight.float() * unit.float()).to(x.dtype)
+        # `weight * unit.to(bf16)` as written: bf16 whatever x's dtype (an fp32 input too), the product in
+        # the promoted dtype (bf16 with a bf16 weight: a second rounding), then x's dtype
+        return (weight * unit.to(torch.bfloat16)).to(x.dtype)
 
     return rms_norm
 
@@ -494,6 +496,31 @@ def _logits_bf16(original):
     return sparse_attn
 
 
+def _eager_bf16_with_sinks(original):
+    """transformers' eager attention with sinks on bf16 tensors (`eager_attention_forward` of
+    models/gpt_oss/modeling_gpt_oss.py, which ports with a sink reuse): `matmul(q, k.T) * scaling` in bf16,
+    the sinks (a bf16 parameter) concatenated as one more logit column, that row's max subtracted in
+    bf16, `softmax(..., dtype=bf16)` (fp32 inside, probabilities rounded to bf16), the sink column
+    dropped, `matmul(probs, v)` in bf16 (fp32 accumulation, one rounding). Beside `attention-logits-bf16`
+    it also rounds the sink, each logit less the max, and P: under a large sink the shifted logits lie
+    where bf16's step is a quarter, and P moves by up to an eighth of itself."""
+    from ..reference.sparse_attn import _gather
+    from ..reference.numerics import to_bf16
+
+    def sparse_attn(q, kv, attn_sink, topk_idxs, softmax_scale):
+        original(q[:, :0], kv, attn_sink, topk_idxs[:, :0], softmax_scale)  # its checks, on no rows
+        rows, present = _gather(kv, topk_idxs, torch.float64)  # [b,m,K,d]
+        dots = to_bf16(torch.einsum("bmhd,bmkd->bmhk", q.double(), rows)).float()
+        s = (dots * softmax_scale).to(torch.bfloat16).masked_fill(~present.unsqueeze(2), float("-inf"))
+        sink = attn_sink.to(torch.bfloat16).view(1, 1, -1).expand(s.shape[:-1]).unsqueeze(-1)
+        logits = torch.cat([s, sink], dim=-1)
+        shifted = (logits.float() - logits.float().amax(dim=-1, keepdim=True)).to(torch.bfloat16)
+        p = torch.softmax(shifted.float(), dim=-1).to(torch.bfloat16)[..., :-1]
+        return to_bf16(torch.einsum("bmhk,bmkd->bmhd", p.double(), rows))
+
+    return sparse_attn
+
+
 def _sink_scaled(original):
     def sparse_attn(q, kv, attn_sink, topk_idxs, softmax_scale):
         return original(q, kv, attn_sink * softmax_scale, topk_idxs, softmax_scale)
@@ -783,6 +810,14 @@ VARIANTS: tuple[Variant, ...] = (
         "sparse_attn.sparse_attn: bf16 logits",
         ("sparse_attn", "attention"),
         _wrap(f"{REF}.sparse_attn:sparse_attn", _logits_bf16),
+    ),
+    Variant(
+        "attention-eager-bf16-with-sinks",
+        "attention as transformers' eager path with sinks on bf16 tensors: bf16 logits, a bf16 sink column, "
+        "the max subtracted in bf16, bf16 probabilities, P @ V rounded once",
+        "sparse_attn.sparse_attn: the eager bf16 softmax",
+        ("sparse_attn", "attention"),
+        _wrap(f"{REF}.sparse_attn:sparse_attn", _eager_bf16_with_sinks),
     ),
     Variant(
         "sink-left-out",
