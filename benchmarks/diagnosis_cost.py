@@ -17,7 +17,7 @@ judged with the diagnosis on (the production budget) beside the reference's run;
 ratio, the re-runs and stage screens the diagnosis made, and what it named. Needs the production goldens
 (`conformance generate --tier production --select 'attention/*'`).
 
-    python benchmarks/diagnosis_cost.py --production [--select 'attention/*']
+    python benchmarks/diagnosis_cost.py --production [--select 'attention/*'] [--kernels NormBf16BeforeWeight]
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def production_mix() -> list[tuple[str, object]]:
     return [("NormBf16BeforeWeight", wrong_kernels.NormBf16BeforeWeight), ("SinkLeftOut", wrong_kernels.SinkLeftOut)]
 
 
-def production(select: str) -> None:
+def production(select: str, kernels: str = "") -> None:
     """The failing production cases judged and diagnosed, beside the reference's run (module docstring)."""
     import torch
 
@@ -86,6 +86,8 @@ def production(select: str) -> None:
         regenerated.restore(golden, component)
         params = component.with_defaults(golden.meta["params"])
         for label, make in production_mix():
+            if kernels and label not in kernels.split(","):
+                continue
             answer = cached_answer(component, golden, params, case_id, label, make)
             ref_s, _ = seconds(
                 lambda: component.reference_golden({k: v.clone() for k, v in golden.inputs.items()}, params)
@@ -113,9 +115,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--production", action="store_true", help="a failing production attention case")
     parser.add_argument("--select", default="attention/*", help="with --production: the production cases")
+    parser.add_argument("--kernels", default="", help="with --production: the wrong kernels (default both)")
     args = parser.parse_args()
     if args.production:
-        return production(args.select)
+        return production(args.select, args.kernels)
     config = load_config(ROOT / "conformance.yaml")
     manifest = read_manifest(config.goldens)
     import torch

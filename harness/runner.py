@@ -192,7 +192,12 @@ def _diagnose(
 
     screen, screen_cost = None, 1.0
     step, schedule = result.first_divergent_step, params.get("schedule")
-    if step is not None and isinstance(schedule, list) and step + 2 < len(schedule):
+    if (
+        step is not None
+        and isinstance(schedule, list)
+        and step + 2 < len(schedule)
+        and _worth_screening(schedule, step)
+    ):
         screen_cost = (step + 2) / len(schedule)
 
         def screen(variant_params: dict, stop_on: frozenset[str]):  # noqa: E306
@@ -221,6 +226,20 @@ def _diagnose(
     )
     result.diagnosis = found.to_json()
     return found.lines()
+
+
+# A step's cost in tokens beyond its own (its layers' calls, the Python around them): what makes a small
+# schedule's decode steps cost about half its 21-token prefill each.
+STEP_OVERHEAD_TOKENS = 16
+
+
+def _worth_screening(schedule: list, step: int) -> bool:
+    """Whether re-running a schedule's first steps, up to the one after the first divergent `step`, costs
+    at most half its whole re-run, in tokens plus a per-step overhead. Past that (a 1,030-token prefill
+    before four decode steps) a screen costs a whole re-run and saves none: the whole re-run stops at the
+    same output you got right that fails, and tells the diagnosis the same."""
+    cost = [end - start + STEP_OVERHEAD_TOKENS for start, end in schedule]
+    return sum(cost[: step + 2]) <= sum(cost) / 2
 
 
 def _bit_for_bit(component: Component, golden: Golden, actual: dict) -> bool:
