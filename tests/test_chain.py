@@ -24,7 +24,7 @@ from v41_conformance.compare import OutputVerdict
 from v41_conformance.config import load_config
 from v41_conformance.golden import read_manifest
 from v41_conformance.runner import run_case
-from impls import attention_cores, gemm_orders, wrong_kernels
+from impls import attention_cores, gemm_orders, precise_roundings, wrong_kernels
 from impls.gate import bare
 from impls.gate_float64 import Float64
 from impls.gate_upstream import UpstreamTorch
@@ -207,6 +207,20 @@ def test_no_bug_is_absorbed_without_its_intermediates(mutant):
         return
     failed = [judge(wrong_kernels.BARE[mutant](), c).status for c in TWO]
     assert failed == (["pass", "fail"] if mutant is wrong_kernels.WoBRowScales else ["fail", "fail"]), failed
+
+
+def test_a_refused_tie_order_given_the_references_scores_says_to_return_your_own():
+    """A form with one rounding fewer in its index scores, without them: where its scores (an ulp from the
+    reference's) tie entries the reference's do not, the selection is judged against the reference's scores
+    and fails as a tie order, with the hint that settles it; with its scores returned the case passes."""
+    case = "attention/a-p21-d1x11-upstream"
+    assert judge(precise_roundings.ExactHeadProducts(), case).status == "pass"
+    result = judge(bare(precise_roundings.ExactHeadProducts)(), case)
+    failing = {n: m for n, m in result.outputs.items() if not m["ok"]}
+    assert list(failing) == ["s00.l4.compressed_ids"], sorted(failing)
+    ids = failing["s00.l4.compressed_ids"]
+    assert ids["rows_miss"] == 0 and ids["rows_tie"] >= 1 and ids["assumed"] == ["index_scores"]
+    assert "return s00.l4.index_scores" in ids["hint"]
 
 
 def test_a_failure_names_its_stage_the_inputs_it_was_judged_given_and_what_to_return():
