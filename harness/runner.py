@@ -206,9 +206,10 @@ def _diagnose(
     stage = None
     if component.chain is not None and result.first_divergent_stage:
         first_stage = result.first_divergent_stage
+        unchanged = stage_expected(component, golden, actual, params, config, impl_conf, first_stage)
 
         def stage(variant_params: dict, stop_on: frozenset[str]):  # noqa: E306
-            return stage_judged(component, golden, actual, variant_params, config, impl_conf, first_stage)
+            return stage_judged(component, golden, actual, variant_params, config, impl_conf, first_stage, unchanged)
 
     at = result.first_divergent_stage or (
         f"step {result.first_divergent_step}" if result.first_divergent_step is not None else ""
@@ -259,9 +260,9 @@ class _Stopped(Exception):
     """A re-judgement stops at the first output of `stop_on` that fails: nothing after it can change
     what the diagnosis concludes."""
 
-    def __init__(self, name: str, ok: bool = False):
+    def __init__(self, name: str, ok: bool = False, expected: torch.Tensor | None = None):
         super().__init__(name)
-        self.name, self.ok = name, ok
+        self.name, self.ok, self.expected = name, ok, expected  # expected: what it was judged against
 
 
 def rejudged(
@@ -342,15 +343,47 @@ def rejudged(
 
 
 def stage_judged(
-    component: Component, golden: Golden, actual: dict, params: dict, config: Config, impl_conf: dict, stage: str
+    component: Component,
+    golden: Golden,
+    actual: dict,
+    params: dict,
+    config: Config,
+    impl_conf: dict,
+    stage: str,
+    unchanged: torch.Tensor | None = None,
 ):
     """One stage of a chain judged under whatever variant of a reference function is in force, given the
     implementation's own inputs to it (the golden's values wherever nothing differs): the chain walked up
     to that stage only, nothing re-run, the stage's differing rows rederived under the variant (never
     taken as the golden's), judged without the reference's exact value. A `Rejudged` of that one stage,
-    None where the walk never reached it (the diagnosis's screen of its first divergent stage)."""
-    from .chain.stages import REDERIVED
+    None where the walk never reached it (the diagnosis's screen of its first divergent stage).
+
+    `unchanged`: the stage as the reference rederives it (`stage_expected`). A variant that rederives it
+    bit for bit so does not change it, and it fails as it does under the reference: judged without the
+    exact value, an output whose failure is its precision (one rounding too many) would pass under every
+    variant, as a whole re-run judges it with the exact value wherever the variant leaves it unchanged."""
     from .diagnosis import Rejudged
+
+    stopped = _stage_stop(component, golden, actual, params, config, impl_conf, stage)
+    if stopped is None:
+        return None
+    same = unchanged is not None and stopped.expected is not None and _same_bits(stopped.expected, unchanged)
+    return Rejudged({stage: stopped.ok and not same}, frozenset() if same else frozenset({stage}), "", complete=False)
+
+
+def stage_expected(
+    component: Component, golden: Golden, actual: dict, params: dict, config: Config, impl_conf: dict, stage: str
+) -> torch.Tensor | None:
+    """The first divergent stage as the reference rederives it from your inputs (what `stage_judged`
+    tells a variant that leaves it unchanged by); None where the walk never reaches it."""
+    stopped = _stage_stop(component, golden, actual, params, config, impl_conf, stage)
+    return None if stopped is None else stopped.expected
+
+
+def _stage_stop(
+    component: Component, golden: Golden, actual: dict, params: dict, config: Config, impl_conf: dict, stage: str
+) -> _Stopped | None:
+    from .chain.stages import REDERIVED
 
     judged, _ = _declined(golden, actual)
     scratch = CaseResult(golden.meta.get("case_id", ""), component.name, "error")
@@ -360,7 +393,7 @@ def stage_judged(
             component, golden, judged, params, config, impl_conf, scratch, inexact=frozenset({stage}), stop_after=stage
         )
     except _Stopped as stopped:
-        return Rejudged({stage: stopped.ok}, frozenset({stage}), "", complete=False)
+        return stopped
     finally:
         REDERIVED.reset(token)
     return None
@@ -626,7 +659,7 @@ def _verdicts(
                 name, expected, value, policy, without_exact(given, name) if name in inexact else given, params
             )
             if (not verdict.ok and name in stop_on) or name == stop_after:
-                raise _Stopped(name, bool(verdict.ok))
+                raise _Stopped(name, bool(verdict.ok), expected)
             return verdict
 
         chain = component.chain(
