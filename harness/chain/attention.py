@@ -439,10 +439,12 @@ class AttentionChain:
                 attribute_problem(actual, golden.dtype, tuple(golden.shape)) or not differing(actual, golden, 2).any()
             )
             exact = {} if same else self._exact_latent(c)  # as judge_context: only where rows differ
+            # the golden's rows; under a diagnosis's variant, the compressor replayed under it (as a re-run has it)
+            written = self._replayed_latent(c) if name in REDERIVED.get() else golden
             self._output(
                 c,
                 "latent",
-                lambda rows: rows_of(golden, 2)[rows],
+                lambda rows: rows_of(written, 2)[rows],
                 (),
                 extra=lambda rows, values: exact,
                 golden=golden,
@@ -455,6 +457,22 @@ class AttentionChain:
         compressor replayed from a fresh ring over the schedule's inputs, as the golden was written."""
         w, ratio = self._w(c).compressor, c.role.ratio
         assert w is not None  # a kv source
+        exact, error = exact_step_rows(self.x[c.layer, :, c.start : c.end], c.start, self._ring_before(c), w, ratio)
+        name = c.name("latent")
+        return {name + EXACT: exact, name + EXACT_ERROR: error}
+
+    def _replayed_latent(self, c: Call) -> torch.Tensor:
+        """bf16 [b, G, hd]: the rows the layer's compressor closes at this step, replayed as `_exact_latent`
+        replays it (under whatever variant of a reference function is in force)."""
+        w = self._w(c).compressor
+        assert w is not None  # a kv source
+        return compressor_step(self.x[c.layer, :, c.start : c.end], c.start, self._ring_before(c), w, c.role.ratio).rows
+
+    def _ring_before(self, c: Call) -> torch.Tensor:
+        """The layer's compressor ring before call `c`, replayed from a fresh ring over the schedule's inputs,
+        as the golden was written (each replay carried on from the last one asked for)."""
+        w, ratio = self._w(c).compressor, c.role.ratio
+        assert w is not None  # a kv source
         step, ring = self.comp_rings.get(c.layer, (0, None))
         if ring is None:
             longest = max(end - start for start, end in self.schedule)
@@ -463,9 +481,7 @@ class AttentionChain:
             start, end = self.schedule[i]
             ring = compressor_step(self.x[c.layer, :, start:end], start, ring, w, ratio).ring
         self.comp_rings[c.layer] = (c.step, ring)
-        exact, error = exact_step_rows(self.x[c.layer, :, c.start : c.end], c.start, ring, w, ratio)
-        name = c.name("latent")
-        return {name + EXACT: exact, name + EXACT_ERROR: error}
+        return ring
 
     def _group_freqs(self, c: Call, rows: torch.Tensor) -> torch.Tensor:
         """The RoPE rows of the groups written this step, by flat row (b, group): each group's first position."""
