@@ -105,6 +105,9 @@ SLOW = {
     "test_diagnosis.py::test_the_first_divergent_stage_is_screened_first_and_the_names_stay": (
         "an attention diagnosis with every variant re-run whole"
     ),
+    "test_diagnosis.py::test_an_fp8_norm_bug_at_the_latent_is_named_for_three_re_runs": (
+        "an attention diagnosis (make test keeps its stage screen)"
+    ),
     "test_diagnosis_trust.py::test_two_bugs_in_two_stages_of_attention": "attention diagnoses of two bugs",
     "test_diagnosis_trust.py::test_the_diagnoses_are_the_same_under_load": "diagnoses repeated beside busy loops",
     "test_diagnosis_trust.py::test_a_policy_at_one_step_and_a_tie_at_another": "an attention diagnosis",

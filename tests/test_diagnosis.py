@@ -240,3 +240,45 @@ def test_the_first_divergent_stage_is_screened_first_and_the_names_stay(monkeypa
     (whole,) = diagnosed(impl, case)
     assert named(whole) == named(screened) and whole.diagnosis["matches"] == d["matches"]
     assert whole.diagnosis["tried"] > 10 * d["tried"]
+
+
+def test_the_stage_screen_rederives_the_compressors_latent_under_the_variant():
+    """With the fp8 checkpoint an RMSNorm rounding before its weight first shows at the compressor's `latent`
+    (one rounding more than the reference, failing by its share of differing elements and its precision).
+    The screen replays the compressor under each variant there: the norm variant passes; a variant that
+    leaves the stage as the reference computes it fails, as the reference does, whether or not the
+    verdict without the exact value would pass it."""
+    from v41_conformance import regenerated
+    from v41_conformance.diagnosis.variants import together
+    from v41_conformance.golden import load_verified
+    from v41_conformance.known import get
+    from v41_conformance.runner import CaseResult, _execute, _judge, stage_expected, stage_judged
+
+    case = "attention/a-fp8-p21-d1x11-upstream"
+    golden = load_verified(CONFIG.goldens, case, MANIFEST, CONFIG.generate_command)
+    component = get("attention")
+    regenerated.restore(golden, component)
+    params = component.with_defaults(golden.meta["params"])
+    result = CaseResult(case, "attention", "error")
+    actual = _execute(component, wrong_kernels.NormBf16BeforeWeight(), golden, params, result)
+    _judge(component, golden, dict(actual), params, CONFIG, {}, result)
+    stage = result.first_divergent_stage
+    assert stage == "s00.l1.latent"
+    unchanged = stage_expected(component, golden, actual, params, CONFIG, {}, stage)
+
+    def screened(name: str):
+        with together((variant(name),)) as flipped:
+            return stage_judged(component, golden, actual, flipped(params), CONFIG, {}, stage, unchanged)
+
+    assert screened("rmsnorm-bf16-before-weight").ok == {stage: True}
+    for name in ("rmsnorm-bf16-throughout", "window-newest-first"):
+        assert screened(name).ok == {stage: False}, name
+    assert screened("window-newest-first").changed == frozenset()  # it leaves the stage as it is
+
+
+def test_an_fp8_norm_bug_at_the_latent_is_named_for_three_re_runs():
+    """The whole diagnosis of that case: the screen leads with the norm variant, so 3 re-runs name it (54,
+    the whole catalogue, when the screen judged every variant against the golden's latent rows)."""
+    (result,) = diagnosed(wrong_kernels.NormBf16BeforeWeight(), "attention/a-fp8-p21-d1x11-upstream")
+    assert result.first_divergent_stage == "s00.l1.latent"
+    assert named(result) == ["rmsnorm-bf16-before-weight"] and result.diagnosis["tried"] <= 3
