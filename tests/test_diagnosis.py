@@ -245,9 +245,9 @@ def test_the_first_divergent_stage_is_screened_first_and_the_names_stay(monkeypa
 def test_the_stage_screen_rederives_the_compressors_latent_under_the_variant():
     """With the fp8 checkpoint an RMSNorm rounding before its weight first shows at the compressor's `latent`
     (one rounding more than the reference, failing by its share of differing elements and its precision).
-    The screen replays the compressor under each variant there: the norm variant passes; a variant that
-    leaves the stage as the reference computes it fails, as the reference does, whether or not the
-    verdict without the exact value would pass it."""
+    The screen replays the compressor under each variant there: the norm variant passes; another norm
+    variant fails; a variant that leaves the stage as the reference computes it is judged as the reference
+    is (with the exact value), and fails."""
     from v41_conformance import regenerated
     from v41_conformance.diagnosis.variants import together
     from v41_conformance.golden import load_verified
