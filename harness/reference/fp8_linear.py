@@ -194,7 +194,7 @@ def project_unrounded(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torc
     if isinstance(weight, Fp8Weight):
         q = nx.fp8_qdq_ue8m0(x.float(), BLOCK)
         return fp8_gemm(q.codes, q.scales, weight).to(torch.bfloat16)
-    return torch.einsum("...k,nk->...n", x.double(), weight.double()).float().to(torch.bfloat16)
+    return nx.einsum_f32("...k,nk->...n", x, weight).to(torch.bfloat16)
 
 
 def project(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
