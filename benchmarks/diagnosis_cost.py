@@ -79,7 +79,9 @@ def production(select: str, kernels: str = "") -> None:
     if not chosen:
         sys.exit(f"no production golden matches {select!r}: conformance generate --tier production --select ...")
     torch.set_num_threads(1)
-    print(f"{'case':40s} {'implementation':22s} {'ref s':>7s} {'judged s':>9s} {'ratio':>6s} re-runs screens  named")
+    print(
+        f"{'case':40s} {'implementation':22s} {'ref s':>7s} {'judged s':>9s} {'ratio':>6s} re-runs screens confirmed  named"
+    )
     for case_id in chosen:
         golden = load_verified(config.goldens, case_id, manifest, config.generate_command)
         component = get(golden.meta["component"])
@@ -95,16 +97,17 @@ def production(select: str, kernels: str = "") -> None:
             result = CaseResult(case_id, component.name, "error")
 
             def judged_and_diagnosed():
-                _judge(component, golden, dict(answer), params, config, {}, result)
+                message = _judge(component, golden, dict(answer), params, config, {}, result)
                 if result.status == "fail":
-                    _diagnose(component, golden, dict(answer), params, config, {}, result)
+                    _diagnose(component, golden, dict(answer), params, config, {}, result, message.stages)
 
             judged_s, _ = seconds(judged_and_diagnosed)
             d = result.diagnosis or {}
             named = sorted({v for m in d.get("matches", []) for v in m["variants"]})
             print(
                 f"{case_id:40s} {label:22s} {ref_s:7.1f} {judged_s:9.1f} {judged_s / ref_s:6.2f} "
-                f"{d.get('tried', 0):7d} {d.get('screened', 0):7d}  {result.status}: {', '.join(named) or '-'}",
+                f"{d.get('tried', 0):7d} {d.get('screened', 0):7d} {d.get('confirmed', 0):9d}  "
+                f"{result.status}: {', '.join(named) or '-'}",
                 flush=True,
             )
 

@@ -267,6 +267,9 @@ class Component:
     # downstream are judged given them (docs/verdicts.md, "The chain"). Names are per call.
     intermediates: tuple[OutputSpec, ...] = ()
     chain: Chain | None = None
+    # Whether the chain can be walked again under a diagnosis's variant reusing its first verdicts
+    # (chain.stages.Reuse; the diagnosis re-runs the reference whole otherwise)
+    chain_reuses: bool = False
     # Values the chain derives from the outputs to judge them by, never returned nor stored (attention's
     # kept candidate blocks, judged as candidates.select judges its `blocks`), each with its policy.
     derived_specs: tuple[OutputSpec, ...] = ()

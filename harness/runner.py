@@ -22,7 +22,7 @@ import torch
 from . import regenerated
 from .case_result import PASSING, STATUSES, CaseResult  # noqa: F401  (the record of a case, re-exported)
 from .chain.digest import CASE_DIGEST, case_digest
-from .chain.stages import StageVerdict, attribute_problem, differing
+from .chain.stages import REUSE, StageVerdict, attribute_problem, differing, unjudged
 from .compare import OutputVerdict, compare_output, identical_verdict
 from .precision import without_exact
 from .adapters.base import Declined, Unsupported
@@ -163,7 +163,7 @@ def _judge_supported(
     # only where a variant reproduces it, shape and all. Wrong names, devices or types: no bug to name.
     reshaped = result.status == "error" and result.kind in RESHAPED
     diagnosis = (
-        _diagnose(component, golden, actual, params, config, impl_conf, result)
+        _diagnose(component, golden, actual, params, config, impl_conf, result, message.stages)
         if (result.status == "fail" or reshaped) and result.outputs and config.diagnosis_budget > 0
         else []
     )
@@ -180,15 +180,26 @@ def _diagnose(
     config: Config,
     impl_conf: dict,
     result: CaseResult,
+    stages: Sequence[StageVerdict] = (),
 ) -> list[str]:
     """Name the known porting bugs under which the failing outputs pass (harness/diagnosis): the
-    diagnosis is recorded in `result`, its lines for the message returned."""
+    diagnosis is recorded in `result`, its lines for the message returned. `stages`: the judgement's
+    verdicts, which a confirmation along the chain reuses (`confirmed`)."""
     from .diagnosis import diagnose
 
     verdicts = {name: bool(m["ok"]) for name, m in result.outputs.items() if m.get("ok") is not None}
 
     def rejudge(variant_params: dict, stop_on: frozenset[str]):
         return rejudged(component, golden, actual, variant_params, config, impl_conf, stop_on)
+
+    confirm = None
+    if component.chain_reuses and _all_own(stages):
+        first = {s.name: s.verdict for s in stages}
+
+        def confirm(variant_params: dict, stop_on: frozenset[str]):  # noqa: E306
+            if variant_params != params:  # a flip of the case's params: the reference re-run whole
+                return None
+            return confirmed(component, golden, actual, params, config, impl_conf, first, stop_on)
 
     screen, screen_cost = None, 1.0
     step, schedule = result.first_divergent_step, params.get("schedule")
@@ -209,7 +220,10 @@ def _diagnose(
         unchanged = stage_expected(component, golden, actual, params, config, impl_conf, first_stage)
 
         def stage(variant_params: dict, stop_on: frozenset[str]):  # noqa: E306
-            return stage_judged(component, golden, actual, variant_params, config, impl_conf, first_stage, unchanged)
+            traced = variant_params == params  # functions replaced alone (no params flip): their calls tell
+            return stage_judged(
+                component, golden, actual, variant_params, config, impl_conf, first_stage, unchanged, traced
+            )
 
     at = result.first_divergent_stage or (
         f"step {result.first_divergent_step}" if result.first_divergent_step is not None else ""
@@ -224,9 +238,17 @@ def _diagnose(
         screen,
         screen_cost=screen_cost,
         stage=stage,
+        confirm=confirm,
     )
     result.diagnosis = found.to_json()
     return found.lines()
+
+
+def _all_own(stages: Sequence[StageVerdict]) -> bool:
+    """Whether every stage was judged given the implementation's own values (nothing assumed, no value
+    of the wrong dtype or shape): then a stage's expected value under a variant depends on the variant
+    only through the functions its rederivation calls (`confirmed`)."""
+    return bool(stages) and all(not s.assumed and (s.verdict.ok or s.verdict.metrics) for s in stages)
 
 
 # A step's cost in tokens beyond its own (its layers' calls, the Python around them): what makes a small
@@ -342,6 +364,73 @@ def rejudged(
     return Rejudged(ok, frozenset(changed), digest.hexdigest(), evidence, nearer=nearer, tied=tied)
 
 
+def confirmed(
+    component: Component,
+    golden: Golden,
+    actual: dict,
+    params: dict,
+    config: Config,
+    impl_conf: dict,
+    first: dict[str, OutputVerdict],
+    stop_on: frozenset[str] = frozenset(),
+):
+    """What `rejudged` concludes under the variant in force, without re-running the reference: the chain
+    walked again given the implementation's own values (every stage's, `_all_own`), each stage whose
+    rederivation calls one of the variant's functions rederived under it on every row and judged
+    without the reference's exact value, every other stage keeping its first verdict (`first`): given
+    the same inputs it computes what the reference computes. None where that cannot stand for a
+    re-run: a constant in force (read without a call), a function the walk never called (the
+    reference may compute through it what the chain takes as the golden's: the window ids), or one
+    called before any stage (the RoPE tables)."""
+    import hashlib
+
+    from .chain.stages import REUSE, Reuse, Untargeted
+    from .diagnosis import Rejudged
+    from .diagnosis.patching import TRACE, Trace, in_force
+
+    functions, constants = in_force()
+    if constants or not functions:
+        return None
+    reuse = Reuse(first, Trace())
+    traced, token = TRACE.set(reuse.trace), REUSE.set(reuse)
+    judged, _ = _declined(golden, actual)
+    scratch = CaseResult(golden.meta.get("case_id", ""), component.name, "error")
+    stopped = None
+    try:
+        stages = _verdicts(component, golden, judged, params, config, impl_conf, scratch, stop_on)
+    except _Stopped as stop:
+        stopped = stop
+    except Untargeted:
+        return None
+    finally:
+        REUSE.reset(token)
+        TRACE.reset(traced)
+    if not reuse.walked:
+        return None
+    changed = frozenset(reuse.changed)
+    digest = hashlib.sha256()
+    for name in sorted(changed):
+        digest.update(name.encode())
+        digest.update(tensor_bytes(reuse.changed[name]))
+    cost = reuse.rederived / max(len(first), 1)  # the share of the stages rederived
+    if stopped is not None:  # the variant changes an output you got right, and fails it: conclusive
+        return Rejudged({stopped.name: False}, changed, digest.hexdigest(), complete=False, cost=cost)
+    if not set(functions) <= reuse.seen | reuse.trace.called:
+        return None
+    if not changed:
+        return Rejudged({}, frozenset(), digest.hexdigest(), cost=cost)
+
+    def nearer(name: str) -> bool:  # as `rejudged`'s
+        return (
+            name not in changed
+            or name not in golden.outputs
+            or moves_toward(golden.outputs[name], reuse.changed[name], actual.get(name))
+        )
+
+    ok = {s.name: bool(s.verdict.ok) for s in stages}
+    return Rejudged(ok, changed, digest.hexdigest(), nearer=nearer, cost=cost)
+
+
 def stage_judged(
     component: Component,
     golden: Golden,
@@ -351,6 +440,7 @@ def stage_judged(
     impl_conf: dict,
     stage: str,
     unchanged: torch.Tensor | None = None,
+    traced: bool = False,
 ):
     """One stage of a chain judged under whatever variant of a reference function is in force, given the
     implementation's own inputs to it (the golden's values wherever nothing differs): the chain walked up
@@ -361,10 +451,23 @@ def stage_judged(
     `unchanged`: the stage as the reference rederives it (`stage_expected`). A variant that rederives it
     bit for bit so does not change it, and it fails as it does under the reference: judged without the
     exact value, an output whose failure is its precision (one rounding too many) would pass under every
-    variant, as a whole re-run judges it with the exact value wherever the variant leaves it unchanged."""
+    variant, as a whole re-run judges it with the exact value wherever the variant leaves it unchanged.
+    `traced`: the variant replaces functions alone (no params flip); where rederiving the stage calls none of
+    them (probed on one row; no constant in force) it is left as it is, and fails so, computed no further."""
+    from .chain.stages import SCREEN_TRACE, Unreached
     from .diagnosis import Rejudged
+    from .diagnosis.patching import TRACE, Trace, in_force
 
-    stopped = _stage_stop(component, golden, actual, params, config, impl_conf, stage)
+    trace = Trace(compare=False) if traced and not in_force()[1] else None
+    tokens = (SCREEN_TRACE.set(trace), TRACE.set(trace)) if trace is not None else None
+    try:
+        stopped = _stage_stop(component, golden, actual, params, config, impl_conf, stage)
+    except Unreached:
+        return Rejudged({stage: False}, frozenset(), "", complete=False)
+    finally:
+        if tokens is not None:
+            SCREEN_TRACE.reset(tokens[0])
+            TRACE.reset(tokens[1])
     if stopped is None:
         return None
     same = unchanged is not None and stopped.expected is not None and _same_bits(stopped.expected, unchanged)
@@ -383,11 +486,11 @@ def stage_expected(
 def _stage_stop(
     component: Component, golden: Golden, actual: dict, params: dict, config: Config, impl_conf: dict, stage: str
 ) -> _Stopped | None:
-    from .chain.stages import REDERIVED
+    from .chain.stages import ONLY, REDERIVED
 
     judged, _ = _declined(golden, actual)
     scratch = CaseResult(golden.meta.get("case_id", ""), component.name, "error")
-    token = REDERIVED.set(frozenset({stage}))
+    token, only = REDERIVED.set(frozenset({stage})), ONLY.set(stage)
     try:
         _verdicts(
             component, golden, judged, params, config, impl_conf, scratch, inexact=frozenset({stage}), stop_after=stage
@@ -395,6 +498,7 @@ def _stage_stop(
     except _Stopped as stopped:
         return stopped
     finally:
+        ONLY.reset(only)
         REDERIVED.reset(token)
     return None
 
@@ -500,6 +604,7 @@ class Message:
 
     lead: list[str] = field(default_factory=list)
     rest: list[str] = field(default_factory=list)
+    stages: list[StageVerdict] = field(default_factory=list)  # every verdict (the diagnosis may reuse them)
 
     def text(self, diagnosis: Sequence[str] = ()) -> str:
         return "\n".join([*self.lead, *diagnosis, *self.rest]).strip("\n")
@@ -612,6 +717,7 @@ def _judged(
         result.status = "partial" if declined else "pass"
         accepted = [f"{getattr(result, d.count)} {d.what}" for d in DIFFERENCES if getattr(result, d.count)]
         out = Message((["; ".join(accepted) + " (accepted by policy)"] if accepted else []) + chain)
+    out.stages = stages
     if declined:
         said = "; ".join(f"{n} ({r})" for n, r in sorted(declined.items()))
         judged = "judged on the others" + (
@@ -653,10 +759,24 @@ def _verdicts(
         context = golden_context(golden)
 
         def judge(name: str, expected: torch.Tensor, value, extra: dict) -> OutputVerdict:
+            passed_over = unjudged(name)
+            if passed_over is not None:
+                return passed_over
+            changed = False
+            reuse = REUSE.get()
+            if reuse is not None:  # walked again under a variant (`confirmed`)
+                trace = reuse.trace
+                changed, reuse.rederived = bool(trace.diverged), reuse.rederived + bool(trace.called)
+                reuse.seen |= trace.called
+                trace.clear()
+                if not changed and name in reuse.first:
+                    return reuse.first[name]  # computed as the reference computes it: its first verdict
+                reuse.changed[name] = expected
             policy = config.policy(component, name, impl_conf, dtype=expected.dtype)
             given = ChainMap(extra, context) if extra else context
+            exactless = name in inexact or changed
             verdict = compare_output(
-                name, expected, value, policy, without_exact(given, name) if name in inexact else given, params
+                name, expected, value, policy, without_exact(given, name) if exactless else given, params
             )
             if (not verdict.ok and name in stop_on) or name == stop_after:
                 raise _Stopped(name, bool(verdict.ok), expected)

@@ -70,6 +70,8 @@ from .candidates import rows_of_blocks
 from .digest import differing_rows
 from .stages import (
     REDERIVED,
+    REUSE,
+    SCREEN_TRACE,
     ChainJudgement,
     Given,
     Judge,
@@ -77,11 +79,13 @@ from .stages import (
     RowContext,
     StageVerdict,
     TermsContext,
+    Untargeted,
     assemble,
     attribute_problem,
     differing,
     judge_rows,
     rows_of,
+    unjudged,
 )
 
 NINF = float("-inf")
@@ -188,6 +192,14 @@ class AttentionChain:
     # --- the walk ----------------------------------------------------------------------------
 
     def run(self) -> ChainJudgement:
+        screen = SCREEN_TRACE.get()
+        if screen is not None and screen.called:  # the RoPE tables computed under a screen's variant
+            screen.tainted = True
+        reuse = REUSE.get()
+        if reuse is not None:  # walked again under a variant (stages.Reuse)
+            if reuse.trace.called:  # what every stage reads (the RoPE tables) was computed under it
+                raise Untargeted(f"the chain's setup called {sorted(reuse.trace.called)}")
+            reuse.walked = True
         with weight_cache():  # each fp8 weight converted once for every call that projects through it
             for i, (start, end) in enumerate(self.schedule):
                 calls = [Call(i, role, start, end) for role in self.roles]
@@ -336,7 +348,9 @@ class AttentionChain:
             return c.given[stage]
         assert actual is not None  # attribute_problem: a tensor of the golden's dtype and shape
         differ = differing(actual, golden, 2)
-        if self.shortcut and name not in REDERIVED.get() and self._reference(c, inputs):  # rederived: the golden's
+        if (
+            self.shortcut and name not in REDERIVED.get() and REUSE.get() is None and self._reference(c, inputs)
+        ):  # rederived: the golden's
             compute = rows_of(golden, 2).__getitem__
             if differ.any():
                 self.taken_as_golden.append(name)
@@ -438,9 +452,11 @@ class AttentionChain:
             same = (
                 attribute_problem(actual, golden.dtype, tuple(golden.shape)) or not differing(actual, golden, 2).any()
             )
-            exact = {} if same else self._exact_latent(c)  # as judge_context: only where rows differ
-            # the golden's rows; under a diagnosis's variant, the compressor replayed under it (as a re-run has it)
-            written = self._replayed_latent(c) if name in REDERIVED.get() else golden
+            again = name in REDERIVED.get() or REUSE.get() is not None  # under a diagnosis's variant
+            # as judge_context: where rows differ (a variant's is judged without it)
+            exact = {} if same or again or unjudged(name) else self._exact_latent(c)
+            # the golden's rows; under a variant, the compressor replayed under it (as a re-run has it)
+            written = self._replayed_latent(c) if again else golden
             self._output(
                 c,
                 "latent",

@@ -53,6 +53,55 @@ class StageVerdict:
 # reference computed them, not as the variant in force does).
 REDERIVED: ContextVar[frozenset[str]] = ContextVar("REDERIVED", default=frozenset())
 
+# The one stage a walk is for (the diagnosis's screen, harness/runner.py `_stage_stop`): every stage
+# before it hands on the value it holds, unjudged and nothing of it rederived. What a stage hands on
+# never depends on its verdict (module docstring), so the screened stage is judged given the same values.
+ONLY: ContextVar[str | None] = ContextVar("ONLY", default=None)
+
+
+@dataclass
+class Reuse:
+    """A chain walked again under a diagnosis's variant, given the first judgement (harness/runner.py,
+    `confirmed`): a stage whose rederivation calls none of the variant's functions keeps its first verdict;
+    one that calls them is rederived under the variant on every row, and keeps its first verdict too where
+    every call returned what the reference's function returns (the stage is then the reference's)."""
+
+    first: dict[str, OutputVerdict]  # every stage's verdict in the first judgement
+    trace: Any  # diagnosis.patching.Trace: the variant's functions called (and diverging) since the last stage
+    seen: set[str] = field(default_factory=set)  # every one called along the walk
+    changed: dict[str, torch.Tensor] = field(default_factory=dict)  # stage -> its expected value, the variant's
+    rederived: int = 0  # stages rederived under the variant
+    walked: bool = False  # the chain began its walk with nothing of the variant's called before it
+
+
+class Untargeted(Exception):
+    """A chain that cannot be walked again stage by stage under a variant (`Reuse`): the whole reference
+    must be re-run."""
+
+
+REUSE: ContextVar[Reuse | None] = ContextVar("REUSE", default=None)
+
+
+# The screen of one stage under a variant that replaces functions alone (harness/runner.py `stage_judged`):
+# the trace of the variant's calls (diagnosis.patching.Trace), cleared at every stage passed over. Where
+# rederiving the screened stage (probed on one row) calls none of them, it is the reference's: `Unreached`.
+SCREEN_TRACE: ContextVar[Any] = ContextVar("SCREEN_TRACE", default=None)
+
+
+class Unreached(Exception):
+    """The screened stage calls none of the variant's functions: the variant leaves it as it is."""
+
+
+def unjudged(name: str) -> OutputVerdict | None:
+    """The stand-in verdict of a stage a walk for another stage passes over (`ONLY`); None: judge it."""
+    only = ONLY.get()
+    if only is None or name == only:
+        return None
+    trace = SCREEN_TRACE.get()
+    if trace is not None:  # what the variant's functions computed for this stage is not the screened stage's
+        trace.clear()
+    return OutputVerdict(name, True, "not judged: the walk is for " + only)
+
 
 @dataclass
 class ChainJudgement:
@@ -225,6 +274,21 @@ def judge_rows(
     -> the reference's values of those rows given the implementation's inputs; extra(rows, values)
     -> aux tensors the comparator needs for them (term scales, the scores a selection ranked).
     """
+    passed_over = unjudged(name)
+    if passed_over is not None:
+        return passed_over, base, 0
+    trace = SCREEN_TRACE.get()
+    if trace is not None and name == ONLY.get() and not trace.tainted and not trace.called and differ.any():
+        reference(differ.nonzero().flatten()[:1])  # one row: does rederiving it call the variant?
+        if not trace.called:
+            raise Unreached(name)
+    reuse = REUSE.get()
+    if reuse is not None and name in reuse.first:
+        if not reuse.trace.called and differ.numel():
+            reference(torch.zeros(1, dtype=torch.int64))  # one row: does rederiving it call the variant?
+        if not reuse.trace.called:  # it cannot change this stage: its first verdict stands
+            return reuse.first[name], base, 0
+        differ = torch.ones_like(differ)  # it can: every row rederived under it
     rows = differ.nonzero().flatten()
     values: torch.Tensor | None = None  # the rederived rows (None: no row differs)
     expected = base

@@ -548,6 +548,7 @@ register(
         expected_outputs=expected_outputs,
         intermediates=INTERMEDIATES,
         chain=_chain,
+        chain_reuses=True,
         derived_specs=(
             OutputSpec(
                 "candidate_blocks",

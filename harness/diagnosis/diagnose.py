@@ -49,6 +49,7 @@ class Rejudged:
     # output -> its tied rows (a digest of what decides each -> its bits: index_verdict.tied_rows), where
     # the variant moves a selection: what a run gathers across its cases (diagnosis/across_cases.py)
     tied: dict[str, dict[str, float]] = field(default_factory=dict)
+    cost: float | None = None  # what it cost, in re-runs of the whole case (None: one re-run)
 
 
 # (params for the reference, outputs to stop at when one fails) -> the case judged again under whatever
@@ -110,7 +111,9 @@ class Diagnosis:
     weak: list[tuple[str, str, float]] = field(default_factory=list)
     tried: int = 0  # re-runs of the reference (screens of a schedule's first steps included)
     screened: int = 0  # variants judged on the first divergent stage alone (nothing re-run; not in `tried`)
-    spent: float = 0.0  # what they cost, in re-runs of the whole case (a screen costs its share of the steps)
+    confirmed: int = 0  # variants judged along the chain without a re-run (`confirm`; not in `tried`)
+    spent: float = 0.0  # what they cost, in re-runs of the whole case (a screen costs its share of the steps, a
+    # confirmation the share of the stages it rederived)
     applicable: int = 0
     budget: int = 0
     stopped: str = ""  # why candidates were left untried ('' when every candidate ran)
@@ -178,6 +181,7 @@ def diagnose(
     screen: Rejudge | None = None,
     screen_cost: float = 1.0,
     stage: Rejudge | None = None,
+    confirm: Rejudge | None = None,
 ) -> Diagnosis:
     """`verdicts`: every judged output's verdict (True: passed) under the reference; `rejudge(params,
     stop_on)` judges the case again under whatever variant is in force; `budget`: re-runs at most.
@@ -189,7 +193,11 @@ def diagnose(
     and the tie orders (whose evidence a run gathers), are re-run whole first: a variant under which it
     still fails cannot explain every failing output, so the others are re-run only where none of the
     first does (for what each explains, and pairs). A match is then found for one whole re-run, not one
-    per variant, and the names are those of re-running them all."""
+    per variant, and the names are those of re-running them all.
+    `confirm`, along a chain the implementation returned every stage of: what `rejudge` concludes, from the
+    stages the variant reaches alone (nothing re-run: it spends the share of the stages it rederives; None
+    where it cannot stand for a re-run). Used for one variant at a time, never for a tie order whose
+    evidence a re-run must count (one the first divergent stage passes under)."""
     result = Diagnosis(at=at, budget=budget)
     failing = sorted(n for n, ok in verdicts.items() if not ok)
     passing = frozenset(n for n, ok in verdicts.items() if ok)
@@ -208,19 +216,31 @@ def diagnose(
     def run(
         *variants: Variant, stop_on: frozenset[str] = passing, judge: Rejudge = rejudge, cost: float = 1.0
     ) -> Rejudged | None:
+        if confirm is not None and judge is rejudge and len(variants) == 1 and variants[0].name not in counted:
+            judged = under(variants, confirm, stop_on)
+            if judged is not None:
+                result.confirmed += 1
+                result.spent = round(result.spent + (judged.cost or 0.0), 6)
+                return judged
         result.tried += 1
         result.spent = round(result.spent + cost, 6)
         return under(variants, judge, stop_on)
 
     leading = candidates
+    counted: set[str] = set()  # tie orders whose evidence only a re-run counts (`confirm` is not used)
     if stage is not None:
         leading = []
         for v in candidates:
             judged = under((v,), stage, frozenset())
             result.screened += 1
-            if v.evidence or (judged is not None and all(judged.ok.values())):
+            passes = judged is not None and all(judged.ok.values())
+            if v.evidence and passes:
+                counted.add(v.name)
+            if v.evidence or passes:
                 leading.append(v)
         candidates = leading + [v for v in candidates if v not in leading]
+    else:
+        counted = {v.name for v in candidates if v.evidence}
     singles: list[_Single] = []
     for i, v in enumerate(candidates):
         if i == len(leading) and any(len(s.explains) == len(failing) and not s.breaks for s in singles):
