@@ -14,8 +14,8 @@ With --production: a failing production attention case instead (issue 37's aim: 
 within 2x the reference's own run of it). Each wrong kernel's answer is computed once outside the timed
 region (cached under /tmp, as benchmarks/production_judging.py caches its gates'), then the case is
 judged with the diagnosis on (the production budget) beside the reference's run; prints both, their
-ratio, the re-runs and stage screens the diagnosis made, and what it named. Needs the production goldens
-(`conformance generate --tier production --select 'attention/*'`).
+ratio, the re-runs, stage screens and confirmations along the chain the diagnosis made, and what it
+named. Needs the production goldens (`conformance generate --tier production --select 'attention/*'`).
 
     python benchmarks/diagnosis_cost.py --production [--select 'attention/*'] [--kernels NormBf16BeforeWeight]
 """
