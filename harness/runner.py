@@ -354,14 +354,23 @@ def rejudged(
         )
     ok = {s.name: bool(s.verdict.ok) for s in stages if upto is None or (step_of(s.name) or 0) <= upto}
 
-    def nearer(name: str) -> bool:  # asked only of a failing output a pass would explain
+    nearer = _nearer(golden, outputs, frozenset(changed), actual)
+    return Rejudged(ok, frozenset(changed), digest.hexdigest(), evidence, nearer=nearer, tied=tied)
+
+
+def _nearer(golden: Golden, expected: dict, changed: frozenset[str], actual: dict) -> Callable[[str], bool]:
+    """name -> whether the variant moved that output's expected value (`expected[name]`, from the golden's)
+    toward the implementation's answer; asked only of a failing output a pass would explain. An output
+    the variant leaves as it is, or an intermediate the golden holds no value of, counts as moved."""
+
+    def nearer(name: str) -> bool:
         return (
             name not in changed
-            or name not in outputs
-            or moves_toward(golden.outputs[name], outputs[name], actual.get(name))
+            or name not in golden.outputs
+            or moves_toward(golden.outputs[name], expected[name], actual.get(name))
         )
 
-    return Rejudged(ok, frozenset(changed), digest.hexdigest(), evidence, nearer=nearer, tied=tied)
+    return nearer
 
 
 def confirmed(
@@ -420,14 +429,8 @@ def confirmed(
     if not changed:
         return Rejudged({}, frozenset(), digest.hexdigest(), cost=cost)
 
-    def nearer(name: str) -> bool:  # as `rejudged`'s
-        return (
-            name not in changed
-            or name not in golden.outputs
-            or moves_toward(golden.outputs[name], reuse.changed[name], actual.get(name))
-        )
-
     ok = {s.name: bool(s.verdict.ok) for s in stages}
+    nearer = _nearer(golden, reuse.changed, changed, actual)
     return Rejudged(ok, changed, digest.hexdigest(), nearer=nearer, cost=cost)
 
 
