@@ -217,13 +217,20 @@ def _diagnose(
     stage = None
     if component.chain is not None and result.first_divergent_stage:
         first_stage = result.first_divergent_stage
-        unchanged = stage_expected(component, golden, actual, params, config, impl_conf, first_stage)
+        cheap = _cheapest_like(first_stage, sorted(n for n, ok in verdicts.items() if not ok), schedule)
+        unchanged = {
+            s: stage_expected(component, golden, actual, params, config, impl_conf, s) for s in {first_stage, cheap}
+        }
 
         def stage(variant_params: dict, stop_on: frozenset[str]):  # noqa: E306
             traced = variant_params == params  # functions replaced alone (no params flip): their calls tell
-            return stage_judged(
-                component, golden, actual, variant_params, config, impl_conf, first_stage, unchanged, traced
-            )
+            for s in dict.fromkeys((cheap, first_stage)):  # the cheap one first: a failing stage the variant
+                judged = stage_judged(  # leaves failing is one output it cannot explain
+                    component, golden, actual, variant_params, config, impl_conf, s, unchanged[s], traced
+                )
+                if judged is None or s == first_stage or not all(judged.ok.values()):
+                    return judged
+            return None
 
     at = result.first_divergent_stage or (
         f"step {result.first_divergent_step}" if result.first_divergent_step is not None else ""
@@ -249,6 +256,23 @@ def _all_own(stages: Sequence[StageVerdict]) -> bool:
     of the wrong dtype or shape): then a stage's expected value under a variant depends on the variant
     only through the functions its rederivation calls (`confirmed`)."""
     return bool(stages) and all(not s.assumed and (s.verdict.ok or s.verdict.metrics) for s in stages)
+
+
+def _cheapest_like(stage: str, failing: list[str], schedule) -> str:
+    """The failing output or intermediate of the same kind as `stage` (its name past the step and layer) in
+    the step of fewest tokens, the earliest of those: where a screen of that kind costs least (a decode
+    step's `o`, one row, where the first divergent `o` may be a 1,030-token prefill's). `stage` where the
+    schedule is not known."""
+    if not isinstance(schedule, list):
+        return stage
+    kind = stage.rsplit(".", 1)[-1]
+
+    def tokens(name: str) -> int:
+        step = step_of(name)
+        return int(schedule[step][1]) - int(schedule[step][0]) if step is not None and step < len(schedule) else 1 << 62
+
+    alike = [n for n in failing if n.rsplit(".", 1)[-1] == kind and step_of(n) is not None]
+    return min(alike, key=lambda n: (tokens(n), step_of(n) or 0), default=stage) if stage in failing else stage
 
 
 # A step's cost in tokens beyond its own (its layers' calls, the Python around them): what makes a small

@@ -169,3 +169,17 @@ def test_a_screen_that_traces_the_variants_calls_concludes_as_the_whole_screen(m
     assert probes, "no variant was left unreached: the trace decided nothing"
     assert traced == [screen(v, False) for v in variants]
     assert [v.name for v, ok in zip(variants, traced) if ok] == ["sink-left-out"]
+
+
+def test_the_screen_starts_at_the_cheapest_failing_stage_of_the_first_divergent_ones_kind():
+    """A variant that leaves any failing output failing cannot explain every one: the screen first judges the
+    failing stage of the first divergent one's kind in the step of fewest tokens (a decode step's `o`, where
+    the first divergent `o` is a prefill's), and the first divergent stage only for the variants it passes."""
+    from v41_conformance.runner import _cheapest_like
+
+    schedule = [[0, 1030], [1030, 1031], [1031, 1032]]
+    failing = ["s00.l0.o", "s00.l0.qr", "s01.l1.o", "s02.l0.o", "s02.l0.z"]
+    assert _cheapest_like("s00.l0.o", failing, schedule) == "s01.l1.o"
+    assert _cheapest_like("s00.l0.qr", failing, schedule) == "s00.l0.qr"  # the only one of its kind
+    assert _cheapest_like("s00.l0.o", failing, None) == "s00.l0.o"  # no schedule: the stage itself
+    assert _cheapest_like("s00.window_ids", ["s00.window_ids", "s01.window_ids"], schedule) == "s01.window_ids"
