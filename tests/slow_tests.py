@@ -105,6 +105,9 @@ SLOW = {
     "test_diagnosis.py::test_the_first_divergent_stage_is_screened_first_and_the_names_stay": (
         "an attention diagnosis with every variant re-run whole"
     ),
+    "test_diagnosis_confirm.py::test_a_confirmation_judges_what_the_variant_changes_as_a_re_run_does": (
+        "a confirmation beside a whole re-run of an attention case; make test confirms the norm bug's names"
+    ),
     "test_diagnosis_confirm.py::test_a_norm_bug_is_named_by_a_confirmation_as_by_a_re_run"
     "[attention/a-fp8-p21-d1x11-upstream]": (
         "two diagnoses of an fp8 attention case, confirmed and re-run; the bf16 case runs in make test"
