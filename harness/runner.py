@@ -12,8 +12,9 @@ import dataclasses
 import time
 import traceback
 from collections import ChainMap
+from contextvars import ContextVar
 from pathlib import Path
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,7 @@ import torch
 from . import regenerated
 from .case_result import PASSING, STATUSES, CaseResult  # noqa: F401  (the record of a case, re-exported)
 from .chain.digest import CASE_DIGEST, case_digest
-from .chain.stages import REUSE, StageVerdict, attribute_problem, differing, unjudged
+from .chain.stages import REUSE, Sample, StageVerdict, attribute_problem, differing, unjudged
 from .compare import OutputVerdict, compare_output, identical_verdict
 from .precision import without_exact
 from .adapters.base import Declined, Unsupported
@@ -32,7 +33,9 @@ from .differences import DIFFERENCES
 from .errors import GoldenError, HarnessError
 from .golden import Golden, load_verified
 from .ids import split_case_id
+from .reference.fp8_linear import weight_cache
 from .registry import Component, Rederived
+from .row_sample import fails_on_rows, largest_finite
 from .known import components
 from .rundir import DEFAULT_REPORT_DIR, rerun_dir
 from .stepnames import step_of
@@ -157,16 +160,31 @@ def _judge_supported(
         regenerated.settle(golden, component)  # what follows may rely on the recorded inputs
     if actual is None:
         return
-    message = _judge(component, golden, actual, params, config, impl_conf, result)
-    # A failed comparison, or an output of another dtype or shape that a known porting bug may produce
-    # (blocks of 32 where upstream has 16 give another number of scales): the case stays an error, named
-    # only where a variant reproduces it, shape and all. Wrong names, devices or types: no bug to name.
-    reshaped = result.status == "error" and result.kind in RESHAPED
-    diagnosis = (
-        _diagnose(component, golden, actual, params, config, impl_conf, result, message.stages)
-        if (result.status == "fail" or reshaped) and result.outputs and config.diagnosis_budget > 0
-        else []
-    )
+    judged_and_diagnosed(component, golden, actual, params, config, impl_conf, result)
+
+
+def judged_and_diagnosed(
+    component: Component,
+    golden: Golden,
+    actual: dict,
+    params: dict,
+    config: Config,
+    impl_conf: dict,
+    result: CaseResult,
+) -> None:
+    """An answer judged into `result`, and where it fails, diagnosed (`_diagnose`), its message written.
+    What is derived from each fp8 weight is derived once for both (`weight_cache`)."""
+    with weight_cache():
+        message = _judge(component, golden, actual, params, config, impl_conf, result)
+        # A failed comparison, or an output of another dtype or shape that a known porting bug may produce
+        # (blocks of 32 where upstream has 16 give another number of scales): the case stays an error, named
+        # only where a variant reproduces it, shape and all. Wrong names, devices or types: no bug to name.
+        reshaped = result.status == "error" and result.kind in RESHAPED
+        diagnosis = (
+            _diagnose(component, golden, actual, params, config, impl_conf, result, message.stages, message.expected)
+            if (result.status == "fail" or reshaped) and result.outputs and config.diagnosis_budget > 0
+            else []
+        )
     if reshaped and not (result.diagnosis or {}).get("matches"):
         diagnosis, result.diagnosis = [], None  # the protocol error it is, with no name
     result.message = message.text(diagnosis)
@@ -181,10 +199,12 @@ def _diagnose(
     impl_conf: dict,
     result: CaseResult,
     stages: Sequence[StageVerdict] = (),
+    expected: Mapping[str, torch.Tensor] | None = None,
 ) -> list[str]:
     """Name the known porting bugs under which the failing outputs pass (harness/diagnosis): the
     diagnosis is recorded in `result`, its lines for the message returned. `stages`: the judgement's
-    verdicts, which a confirmation along the chain reuses (`confirmed`)."""
+    verdicts, which a confirmation along the chain reuses (`confirmed`); `expected`: the stages the
+    judgement rederived, kept (`Message.expected`), not rederived again for the screen."""
     from .diagnosis import diagnose
 
     verdicts = {name: bool(m["ok"]) for name, m in result.outputs.items() if m.get("ok") is not None}
@@ -218,15 +238,18 @@ def _diagnose(
     if component.chain is not None and result.first_divergent_stage:
         first_stage = result.first_divergent_stage
         cheap = _cheapest_like(first_stage, sorted(n for n, ok in verdicts.items() if not ok), schedule)
+        known = expected or {}
         unchanged = {
-            s: stage_expected(component, golden, actual, params, config, impl_conf, s) for s in {first_stage, cheap}
+            s: known[s] if s in known else stage_expected(component, golden, actual, params, config, impl_conf, s)
+            for s in {first_stage, cheap}
         }
+        sample = Sample(_rows_fail(component, golden, params, config, impl_conf), _present(unchanged))
 
         def stage(variant_params: dict, stop_on: frozenset[str]):  # noqa: E306
             traced = variant_params == params  # functions replaced alone (no params flip): their calls tell
             for s in dict.fromkeys((cheap, first_stage)):  # the cheap one first: a failing stage the variant
                 judged = stage_judged(  # leaves failing is one output it cannot explain
-                    component, golden, actual, variant_params, config, impl_conf, s, unchanged[s], traced
+                    component, golden, actual, variant_params, config, impl_conf, s, unchanged[s], traced, sample
                 )
                 if judged is None or s == first_stage or not all(judged.ok.values()):
                     return judged
@@ -249,6 +272,27 @@ def _diagnose(
     )
     result.diagnosis = found.to_json()
     return found.lines()
+
+
+def _present(tensors: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
+    return {name: t for name, t in tensors.items() if t is not None}
+
+
+def _rows_fail(component: Component, golden: Golden, params: dict, config: Config, impl_conf: dict):
+    """`Sample.fails` for a screen of this case: a stage's rows judged by its policy, without the exact
+    value (a variant's expected value is not the reference's), proving the whole stage fails or not."""
+    context = golden_context(golden)
+    largest: dict[str, float] = {}  # by stage: the same answer at every screen
+
+    def fails(name: str, expected_rows: torch.Tensor, actual_rows: torch.Tensor, actual: torch.Tensor) -> bool:
+        policy = config.policy(component, name, impl_conf, dtype=expected_rows.dtype)
+        if name not in largest:
+            largest[name] = largest_finite(actual)
+        return fails_on_rows(
+            name, expected_rows, actual_rows, largest[name], policy, without_exact(context, name), params
+        )
+
+    return fails
 
 
 def _all_own(stages: Sequence[StageVerdict]) -> bool:
@@ -468,6 +512,7 @@ def stage_judged(
     stage: str,
     unchanged: torch.Tensor | None = None,
     traced: bool = False,
+    sample: Any = None,
 ):
     """One stage of a chain judged under whatever variant of a reference function is in force, given the
     implementation's own inputs to it (the golden's values wherever nothing differs): the chain walked up
@@ -480,18 +525,24 @@ def stage_judged(
     exact value, an output whose failure is its precision (one rounding too many) would pass under every
     variant, as a whole re-run judges it with the exact value wherever the variant leaves it unchanged.
     `traced`: the variant replaces functions alone (no params flip); where rederiving the stage calls none of
-    them (probed on one row; no constant in force) it is left as it is, and fails so, computed no further."""
-    from .chain.stages import SCREEN_TRACE, Unreached
+    them (probed on one row; no constant in force) it is left as it is, and fails so, computed no further.
+    `sample` (chain.stages.Sample): a few of the stage's rows rederived first; where they prove it fails
+    (harness/row_sample.py), it fails, computed no further."""
+    from .chain.stages import SAMPLE, SCREEN_TRACE, Proven, Unreached
     from .diagnosis import Rejudged
     from .diagnosis.patching import TRACE, Trace, in_force
 
     trace = Trace(compare=False) if traced and not in_force()[1] else None
     tokens = (SCREEN_TRACE.set(trace), TRACE.set(trace)) if trace is not None else None
+    sampled = SAMPLE.set(sample)
     try:
         stopped = _stage_stop(component, golden, actual, params, config, impl_conf, stage)
     except Unreached:
         return Rejudged({stage: False}, frozenset(), "", complete=False)
+    except Proven:
+        return Rejudged({stage: False}, frozenset({stage}), "", complete=False)
     finally:
+        SAMPLE.reset(sampled)
         if tokens is not None:
             SCREEN_TRACE.reset(tokens[0])
             TRACE.reset(tokens[1])
@@ -632,9 +683,25 @@ class Message:
     lead: list[str] = field(default_factory=list)
     rest: list[str] = field(default_factory=list)
     stages: list[StageVerdict] = field(default_factory=list)  # every verdict (the diagnosis may reuse them)
+    # the first failing stage's expected value, where it is an intermediate: what the diagnosis's screen tells
+    # an unchanged variant by (`stage_expected` rederives it otherwise)
+    expected: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def text(self, diagnosis: Sequence[str] = ()) -> str:
         return "\n".join([*self.lead, *diagnosis, *self.rest]).strip("\n")
+
+
+@dataclass
+class _Kept:
+    """What the first judgement keeps of its first failing stage (`Message.expected`)."""
+
+    seen: bool = False
+    expected: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+# Set while a case is first judged (`_judged`): an intermediate's expected value is the reference rederived
+# from your inputs to it on its differing rows, as a diagnosis's screen of that stage rederives it.
+_KEPT: ContextVar[_Kept | None] = ContextVar("_KEPT", default=None)
 
 
 # What an output's attribute problem (harness/compare.py) is, for the kind of a case's error.
@@ -695,7 +762,12 @@ def _judged(
     failures: list[tuple[bool, str]] = []  # (explained, message)
     attribute_errors: list[str] = []
     first_step = None
-    stages = _verdicts(component, golden, actual, params, config, impl_conf, result)
+    kept = _Kept()
+    token = _KEPT.set(kept)
+    try:
+        stages = _verdicts(component, golden, actual, params, config, impl_conf, result)
+    finally:
+        _KEPT.reset(token)
     for stage in stages:
         name, verdict = stage.name, stage.verdict
         policy = config.policy(component, name, impl_conf, dtype=_dtype_of(golden, name, actual))
@@ -745,6 +817,7 @@ def _judged(
         accepted = [f"{getattr(result, d.count)} {d.what}" for d in DIFFERENCES if getattr(result, d.count)]
         out = Message((["; ".join(accepted) + " (accepted by policy)"] if accepted else []) + chain)
     out.stages = stages
+    out.expected = kept.expected
     if declined:
         said = "; ".join(f"{n} ({r})" for n, r in sorted(declined.items()))
         judged = "judged on the others" + (
@@ -805,6 +878,11 @@ def _verdicts(
             verdict = compare_output(
                 name, expected, value, policy, without_exact(given, name) if exactless else given, params
             )
+            kept = _KEPT.get()
+            if kept is not None and not verdict.ok and not kept.seen:  # the first judgement's first failure
+                kept.seen = True
+                if name not in golden.outputs:  # an intermediate: rederived as a screen rederives it
+                    kept.expected[name] = expected
             if (not verdict.ok and name in stop_on) or name == stop_after:
                 raise _Stopped(name, bool(verdict.ok), expected)
             return verdict

@@ -171,6 +171,58 @@ def test_a_screen_that_traces_the_variants_calls_concludes_as_the_whole_screen(m
     assert [v.name for v, ok in zip(variants, traced) if ok] == ["sink-left-out"]
 
 
+def test_a_screen_that_proves_failure_on_a_few_rows_concludes_as_the_whole_screen():
+    """A screen rederives a few rows of its stage first (those farthest from the reference's) and fails the
+    variant there where they prove the whole stage fails (harness/row_sample.py). Over every applicable
+    variant at a sparse-attention bug's first divergent stage: the same verdicts as computing it whole,
+    and the rows decide most of them."""
+    from v41_conformance.chain.stages import Sample
+    from v41_conformance.diagnosis.diagnose import applicable
+    from v41_conformance.runner import _rows_fail, stage_expected, stage_judged
+
+    component, golden, params, answer, result, message = judged(
+        wrong_kernels.SinkLeftOut(), "attention/a-p21-d1x11-upstream"
+    )
+    stage = result.first_divergent_stage
+    unchanged = stage_expected(component, golden, dict(answer), params, CONFIG, {}, stage)
+    rows_fail = _rows_fail(component, golden, params, CONFIG, {})
+    proofs: list[bool] = []
+
+    def counted(*args) -> bool:
+        proofs.append(rows_fail(*args))
+        return proofs[-1]
+
+    sample = Sample(counted, {stage: unchanged}, count=4)
+
+    def screen(v, sample) -> bool | None:
+        with together((v,)) as flip:
+            p = flip(params)
+            judged_ = stage_judged(component, golden, dict(answer), p, CONFIG, {}, stage, unchanged, False, sample)
+        return None if judged_ is None else all(judged_.ok.values())
+
+    variants = applicable("attention", params)
+    sampled = [screen(v, sample) for v in variants]
+    assert sampled == [screen(v, None) for v in variants]
+    assert [v.name for v, ok in zip(variants, sampled) if ok] == ["sink-left-out"]
+    assert sum(proofs) >= len(variants) // 2, f"{sum(proofs)} of {len(proofs)} screens decided on 4 rows"
+    assert sample.chosen[stage].numel() == 4
+
+
+@pytest.mark.parametrize(
+    "impl", [wrong_kernels.SinkLeftOut(), wrong_kernels.NormBf16BeforeWeight()], ids=["sink", "norm"]
+)
+def test_the_first_judgement_keeps_its_first_failing_stage_as_the_screen_rederives_it(impl):
+    """The screen tells a variant that leaves the first divergent stage unchanged by the reference's own
+    rederivation of it; the first judgement keeps it (`Message.expected`) rather than rederive it again."""
+    from v41_conformance.runner import stage_expected
+
+    component, golden, params, answer, result, message = judged(impl, "attention/a-p21-d1x11-upstream")
+    stage = result.first_divergent_stage
+    assert list(message.expected) == [stage]
+    again = stage_expected(component, golden, dict(answer), params, CONFIG, {}, stage)
+    assert again is not None and torch.equal(message.expected[stage], again)
+
+
 def test_the_screen_starts_at_the_cheapest_failing_stage_of_the_first_divergent_ones_kind():
     """A variant that leaves any failing output failing cannot explain every one: the screen first judges the
     failing stage of the first divergent one's kind in the step of fewest tokens (a decode step's `o`, where

@@ -16,6 +16,7 @@ for the rows a later stage asks for. Pure functions of tensors otherwise; no I/O
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -90,6 +91,49 @@ SCREEN_TRACE: ContextVar[Any] = ContextVar("SCREEN_TRACE", default=None)
 
 class Unreached(Exception):
     """The screened stage calls none of the variant's functions: the variant leaves it as it is."""
+
+
+@dataclass
+class Sample:
+    """A screen's first try at its stage (harness/runner.py, `stage_judged`): `count` of its differing rows,
+    those farthest from the reference's own rederivation (`reference`, by stage, where known; else spread
+    evenly), rederived under the variant alone. `fails(name, expected rows, actual rows, actual)` tells
+    whether they prove the whole stage fails (harness/row_sample.py): then the rest is not computed."""
+
+    fails: Callable[[str, torch.Tensor, torch.Tensor, torch.Tensor], bool]
+    reference: dict[str, torch.Tensor] = field(default_factory=dict)
+    count: int = 16
+    chosen: dict[str, torch.Tensor] = field(default_factory=dict)  # stage -> its rows, kept across screens
+
+    def rows(self, name: str, actual: torch.Tensor, differ: torch.Tensor, lead: int) -> torch.Tensor:
+        chosen = self.chosen.get(name)
+        if chosen is None:
+            chosen = self.chosen[name] = _farthest(actual, self.reference.get(name), differ, lead, self.count)
+        return chosen
+
+
+def _farthest(
+    actual: torch.Tensor, reference: torch.Tensor | None, differ: torch.Tensor, lead: int, count: int
+) -> torch.Tensor:
+    """Up to `count` of the rows `differ` marks: those whose largest |actual - reference| is largest
+    (a NaN or inf on one side only first), else spread evenly over them."""
+    candidates = differ.nonzero().flatten()
+    if candidates.numel() <= count:
+        return candidates
+    if reference is None or reference.shape != actual.shape or not actual.dtype.is_floating_point:
+        return candidates[torch.linspace(0, candidates.numel() - 1, count).round().long().unique()]
+    a = rows_of(actual, lead)[candidates].float().reshape(candidates.numel(), -1)
+    e = rows_of(reference, lead)[candidates].float().reshape(candidates.numel(), -1)
+    same = (a == e) | (torch.isnan(a) & torch.isnan(e))
+    gap = torch.where(same, 0.0, (a - e).abs().nan_to_num(nan=math.inf))
+    return candidates[gap.amax(-1).topk(count).indices.sort().values]
+
+
+SAMPLE: ContextVar[Sample | None] = ContextVar("SAMPLE", default=None)
+
+
+class Proven(Exception):
+    """The screened stage fails on the rows of a `Sample`: it fails whole, computed no further."""
 
 
 def unjudged(name: str) -> OutputVerdict | None:
@@ -282,6 +326,13 @@ def judge_rows(
         reference(differ.nonzero().flatten()[:1])  # one row: does rederiving it call the variant?
         if not trace.called:
             raise Unreached(name)
+    sample = SAMPLE.get()
+    if sample is not None and name == ONLY.get() and extra is None:
+        tried = sample.rows(name, actual, differ, lead)
+        if 0 < tried.numel() < int(differ.sum()) and sample.fails(
+            name, reference(tried), rows_of(actual, lead)[tried], actual
+        ):
+            raise Proven(name)
     reuse = REUSE.get()
     if reuse is not None and name in reuse.first:
         if not reuse.trace.called and differ.numel():
