@@ -71,7 +71,7 @@ def production(select: str, kernels: str = "") -> None:
     from v41_conformance import regenerated
     from v41_conformance.golden import load_verified
     from v41_conformance.known import get
-    from v41_conformance.runner import CaseResult, _diagnose, _judge
+    from v41_conformance.runner import CaseResult, judged_and_diagnosed
 
     config = load_config(ROOT / "conformance.yaml").for_tier("production")
     manifest = read_manifest(config.goldens)
@@ -96,12 +96,9 @@ def production(select: str, kernels: str = "") -> None:
             )
             result = CaseResult(case_id, component.name, "error")
 
-            def judged_and_diagnosed():
-                message = _judge(component, golden, dict(answer), params, config, {}, result)
-                if result.status == "fail":
-                    _diagnose(component, golden, dict(answer), params, config, {}, result, message.stages)
-
-            judged_s, _ = seconds(judged_and_diagnosed)
+            judged_s, _ = seconds(
+                lambda: judged_and_diagnosed(component, golden, dict(answer), params, config, {}, result)
+            )
             d = result.diagnosis or {}
             named = sorted({v for m in d.get("matches", []) for v in m["variants"]})
             print(

@@ -127,9 +127,10 @@ def derived(weight: Fp8Weight, kind: str, make: Callable[[], torch.Tensor]) -> t
     if entry is None or entry[0] is not weight.scale_bytes or entry[1] != versions:
         entry = cache[weight.codes] = (weight.scale_bytes, versions, {})
     forms = entry[2]
-    if kind not in forms:
-        forms[kind] = make()
-    return forms[kind]
+    key = (kind, e4m3_value, nx.e8m0_value)  # the decoders bound now: one a diagnosis replaced derives anew
+    if key not in forms:
+        forms[key] = make()
+    return forms[key]
 
 
 def weight_blocks(weight: Fp8Weight) -> torch.Tensor:
