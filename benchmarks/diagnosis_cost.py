@@ -13,9 +13,9 @@ figures do not move with the machine's load.
 With --production: a failing production attention case instead (issue 37's aim: judged and diagnosed
 within 2x the reference's own run of it). Each wrong kernel's answer is computed once outside the timed
 region (cached under /tmp, as benchmarks/production_judging.py caches its gates'), then the case is
-judged with the diagnosis on (the production budget) beside the reference's run; prints both, their
-ratio, the re-runs, stage screens and confirmations along the chain the diagnosis made, and what it
-named. Needs the production goldens (`conformance generate --tier production --select 'attention/*'`).
+judged with the diagnosis on (the production budget) beside the reference's run; prints both (CPU
+seconds of the one thread: a neighbour's load moves neither), their ratio, the re-runs, stage screens
+and confirmations along the chain the diagnosis made, and what it named. Needs the production goldens (`conformance generate --tier production --select 'attention/*'`).
 
     python benchmarks/diagnosis_cost.py --production [--select 'attention/*'] [--kernels NormBf16BeforeWeight]
 """
@@ -62,11 +62,18 @@ def production_mix() -> list[tuple[str, object]]:
     return [("NormBf16BeforeWeight", wrong_kernels.NormBf16BeforeWeight), ("SinkLeftOut", wrong_kernels.SinkLeftOut)]
 
 
+def cpu_seconds(work) -> float:
+    """CPU seconds of `work()` on this thread (one thread: what a neighbour's load does not move)."""
+    start = time.process_time()
+    work()
+    return time.process_time() - start
+
+
 def production(select: str, kernels: str = "") -> None:
     """The failing production cases judged and diagnosed, beside the reference's run (module docstring)."""
     import torch
 
-    from production_judging import cached_answer, seconds
+    from production_judging import cached_answer
 
     from v41_conformance import regenerated
     from v41_conformance.golden import load_verified
@@ -91,12 +98,12 @@ def production(select: str, kernels: str = "") -> None:
             if kernels and label not in kernels.split(","):
                 continue
             answer = cached_answer(component, golden, params, case_id, label, make)
-            ref_s, _ = seconds(
+            ref_s = cpu_seconds(
                 lambda: component.reference_golden({k: v.clone() for k, v in golden.inputs.items()}, params)
             )
             result = CaseResult(case_id, component.name, "error")
 
-            judged_s, _ = seconds(
+            judged_s = cpu_seconds(
                 lambda: judged_and_diagnosed(component, golden, dict(answer), params, config, {}, result)
             )
             d = result.diagnosis or {}

@@ -60,6 +60,25 @@ def test_row_digests_find_exactly_the_rows_that_differ_and_tell_signed_zeros_apa
     assert differing(u, t, 2).nonzero().flatten().tolist() == [1, 8]
 
 
+def test_digests_kept_for_an_answer_serve_only_the_same_tensors_unchanged():
+    """A diagnosis walks one answer's chain once per variant: its digests are hashed once. An in-place
+    change, or other tensors, are hashed anew."""
+    t = torch.randn(4, 3, 8).to(torch.bfloat16)
+    stored = digests(t, 2)
+    u = t.clone()
+    u[2, 1, 0] += 1
+    assert differing_rows(u, stored, 2).nonzero().flatten().tolist() == [7]
+    assert differing_rows(u, stored, 2).nonzero().flatten().tolist() == [7]  # served
+    u[0, 0, 0] += 1  # in place: its version moved
+    assert differing_rows(u, stored, 2).nonzero().flatten().tolist() == [0, 7]
+    answer = {"a": u, "b": torch.arange(5)}
+    first = case_digest(answer)
+    assert torch.equal(case_digest(answer), first)  # served
+    answer["b"].add_(1)
+    assert not torch.equal(case_digest(answer), first)
+    assert torch.equal(case_digest({"a": u.clone(), "b": answer["b"].clone()}), case_digest(answer))
+
+
 def test_the_case_digest_reads_every_layout_as_its_row_major_bytes():
     base = torch.randn(6, 8)
     tensors = {

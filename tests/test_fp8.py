@@ -107,3 +107,30 @@ def test_a_fused_wo_b_with_a_wrong_quantisation_still_fails_at_out(tmp_path, imp
         assert case["status"] == "fail" and case["first_divergent_stage"] == "s00.l0.out", case["id"]
         failing = {n for n, m in case["outputs"].items() if not m["ok"]}
         assert failing and all(n.endswith(".out") for n in failing), sorted(failing)
+
+
+def test_a_kept_projection_serves_only_what_computes_it_the_same():
+    """Within `weight_cache()` a projection through an fp8 weight is kept by its input, its weight and what
+    it is computed with, as bound now (`fp8_linear._computed_with`). Under every variant of the diagnosis's
+    catalogue, the projection served after the reference's was kept is the one computed afresh under it:
+    a variant that changes what a projection computes replaces something the key holds."""
+    from v41_conformance.diagnosis.variants import VARIANTS, together
+    from v41_conformance.reference import fp8_linear
+
+    gen = torch.Generator().manual_seed(5)
+    weight = fp8_linear.quantise_weight(torch.randn(64, 96, generator=gen))
+    x = (torch.randn(5, 96, generator=gen) * 3).bfloat16()
+    x[1, :32] = 0  # an all-zero block: the amax floors
+    x[2, 40] = 1e-30  # a tiny one
+    checked = 0
+    with fp8_linear.weight_cache():
+        reference = fp8_linear.project(x, weight)
+        assert torch.equal(fp8_linear.project(x, weight), reference)  # served, the same
+        for v in VARIANTS:
+            with together((v,)):
+                served = fp8_linear.project(x, weight)
+                with fp8_linear._PROJECTIONS.get().suspend():  # noqa: SLF001
+                    fresh = fp8_linear.project(x, weight)
+            assert torch.equal(served.view(torch.int16), fresh.view(torch.int16)), v.name
+            checked += not torch.equal(fresh.view(torch.int16), reference.view(torch.int16))
+    assert checked >= 3  # the fp8 variants change it, and were served their own

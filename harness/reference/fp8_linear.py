@@ -25,6 +25,8 @@ scale bytes [ceil(N / 32), K / 32] (2^(byte - 127)).
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -34,6 +36,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from v41_conformance.reference import numerics as nx
+from v41_conformance.tensorbytes import tensor_bytes
 
 BLOCK = 32  # fp8_block_size (M:23-30): activation blocks and weight tiles are 32 wide
 _CHUNK_ELEMS = 1 << 23  # float64 block products computed at once (64 MB)
@@ -106,15 +109,77 @@ _FP32_EXACT_BYTES = (10, 246)
 
 @contextmanager
 def weight_cache() -> Iterator[None]:
-    """Within it, what is derived from each fp8 weight is derived once (`derived`); nested, the outer serves."""
+    """Within it, what is derived from each fp8 weight is derived once (`derived`), and each projection
+    of one input through one weight computed once (`project`); nested, the outer serves."""
     if _CACHE.get() is not None:
         yield
         return
-    token = _CACHE.set(WeakIdKeyDictionary())
+    token, kept = _CACHE.set(WeakIdKeyDictionary()), _PROJECTIONS.set(_Projections())
     try:
         yield
     finally:
         _CACHE.reset(token)
+        _PROJECTIONS.reset(kept)
+
+
+class _Projections:
+    """`project` results by input bytes, weight and the functions and constants they are computed with,
+    the most recent first, up to `budget` bytes. A judgement and its diagnosis project the same rows
+    through the same weights again and again: a 1,030-row query projection is seconds of float64 work."""
+
+    def __init__(self, budget: int = 1 << 30) -> None:
+        self.budget, self.used = budget, 0
+        self.kept: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()  # key -> (codes, y)
+
+    @contextmanager
+    def suspend(self) -> Iterator[None]:
+        """Nothing served or kept inside (tests compare with what is computed afresh)."""
+        token = _PROJECTIONS.set(None)
+        try:
+            yield
+        finally:
+            _PROJECTIONS.reset(token)
+
+    def get(self, key: tuple, codes: torch.Tensor) -> torch.Tensor | None:
+        hit = self.kept.get(key)
+        if hit is None or hit[0] is not codes:
+            return None
+        self.kept.move_to_end(key)
+        return hit[1]
+
+    def put(self, key: tuple, codes: torch.Tensor, y: torch.Tensor) -> None:
+        size = y.numel() * y.element_size()
+        if size > self.budget:
+            return
+        self.kept[key] = (codes, y)
+        self.used += size
+        while self.used > self.budget:
+            _, (_, old) = self.kept.popitem(last=False)
+            self.used -= old.numel() * old.element_size()
+
+
+_PROJECTIONS: ContextVar[_Projections | None] = ContextVar("fp8_projections", default=None)
+
+
+def _computed_with() -> tuple:
+    """What a projection through an fp8 weight is computed with, as bound now: a diagnosis's variant that
+    replaces any of these (or changes one of the constants) projects anew (tests/test_fp8_linear.py holds
+    every variant of the catalogue to it)."""
+    return (
+        linear_fp8,
+        fp8_gemm,
+        e4m3_value,
+        weight_blocks,
+        nx.fp8_qdq_ue8m0,
+        nx._blocks,
+        nx.pow2_ceil,
+        nx.e8m0_byte,
+        nx.e8m0_value,
+        nx.FP8_AMAX_FLOOR,
+        nx.FP8_MAX_INV,
+        nx.E4M3_MAX,
+        BLOCK,
+    )
 
 
 def derived(weight: Fp8Weight, kind: str, make: Callable[[], torch.Tensor]) -> torch.Tensor:
@@ -202,7 +267,24 @@ def project(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
     """One of the attention path's Linears, as `linear()` dispatches it (M:181-207): an fp8 weight
     goes through act_quant + fp8_gemm, a bf16 one through the bf16 GEMM. bf16 [..., N]."""
     if isinstance(weight, Fp8Weight):
-        return linear_fp8(x, weight).y
+        kept = _PROJECTIONS.get()
+        if kept is None:
+            return linear_fp8(x, weight).y
+        key = (
+            hashlib.sha256(tensor_bytes(x)).digest(),
+            x.dtype,
+            tuple(x.shape),
+            id(weight.codes),
+            weight.codes._version,
+            id(weight.scale_bytes),
+            weight.scale_bytes._version,
+            _computed_with(),
+        )
+        y = kept.get(key, weight.codes)
+        if y is None:
+            y = linear_fp8(x, weight).y
+            kept.put(key, weight.codes, y)
+        return y.clone()
     return nx.linear_bf16(x, weight)
 
 
