@@ -12,14 +12,16 @@
 #   6. a sticky CUDA error in one case (tests/impls/wrong.py:StickyCudaError, --device cuda -n 2):
 #      that case fails, its child is replaced by a fresh fork, every other case passes;
 #   7. the production tier's attention case (fp8 checkpoint, 1,030-token prefill) built locally, then
-#      run --device cuda with upstream's own torch arithmetic returning its intermediates: every
-#      output is judged along the chain (docs/verdicts.md) given the GPU's own values;
+#      run --device cuda with upstream's own torch arithmetic returning its intermediates (the
+#      `upstream-gpu` entry of conformance.yaml: torch.topk on a GPU breaks ties in CUDA's order, so
+#      selections are judged as sets): every output is judged along the chain (docs/verdicts.md)
+#      given the GPU's own values;
 #   8. the pytest plugin (harness/pytest_cases.py) from an empty folder, as a team's own suite runs
 #      it: pytest --conformance-impl <the Triton example> --conformance-device cuda;
 #   9. fp8 GEMMs on the GPU's own tensor cores (examples/cuda/scaled_mm_impl.py: torch._scaled_mm per
 #      32-wide K block, fp32 promotion across blocks) judged by the accumulator model (docs/verdicts.md,
 #      "GPU arithmetic"): linear.fp8 on the small tier, then the production tier's attention case (its
-#      fp8 qr, kv, index_q and out) and its indexer cases (the indexer's fp8 wq_b);
+#      fp8 qr, kv, index_q and out) and its indexer cases (the indexer's fp8 wq_b), as `scaled-mm-gpu`;
 #  10. outputs left on the GPU by a port run without --device (examples/cuda/left_on_device_check.py,
 #      tests/impls/wrong.py:LeftOnDevice): every case a `device error` naming the device, on
 #      components judged one by one and along a chain, and the run finishes.
@@ -27,12 +29,20 @@
 #      calls torch.cuda.is_available(), and `conformance run --device cuda -n 2` from a `python -c` that
 #      called it first in the same process: the driver is initialised before any child exists, every
 #      case still passes, and results.json says the fork server was a fresh interpreter.
-# Each step runs under a time limit and logs to $OUT/<step>.log; a short summary comes last.
+#  12. the CPU's stand-in for a GPU (tests/device_standin.py, which `make test` runs ports on) against
+#      this GPU (examples/cuda/standin_check.py): every mixed-device pattern it accepts or refuses, the
+#      GPU accepts or refuses too;
+#  13. upstream's own torch arithmetic on the GPU (`upstream-gpu`) over every small-tier golden, and the reference itself with --device cuda (it computes on the CPU and hands its outputs
+#      back on the GPU, for a port that delegates a component): every supported case passes.
+# Each step runs under a time limit and logs to $OUT/<step>.log; a short summary comes last. The
+# production goldens (steps 7 and 9) are built on the CPU in the background from the start, so that
+# work overlaps the GPU steps before them (step `goldens`, logged like the others).
 #
 # Usage (from anywhere):  examples/cuda/gpu_check.sh
 # Environment: PYTHON (default .venv/bin/python, else python3), GPU_CHECK_LIMIT (seconds per
 # step, default 600), GPU_CHECK_DIR (default reports/gpu-check), NVCC, CONFORMANCE_CUDA_ARCH
-# (default sm_75 plus PTX; `native` compiles for this GPU only).
+# (default sm_75 plus PTX; `native` compiles for this GPU only), GPU_CHECK_STEPS (a space-separated
+# list of the steps to run, e.g. "production tensorcores" to rerun two; default all).
 # Exit status: 0 all steps passed, 1 a step failed or timed out, 2 no usable GPU.
 
 set -u
@@ -63,13 +73,10 @@ print(f"gpu_check: {torch.cuda.get_device_name(0)}, torch {torch.__version__} (C
 EOF
 
 declare -a NAMES RESULTS
-step() {  # step NAME COMMAND...: run under the limit, log, remember the outcome
-    local name=$1
-    shift
-    local started=$SECONDS
-    timeout "$LIMIT" "$@" >"$OUT/$name.log" 2>&1
-    local rc=$?
-    local took=$((SECONDS - started))
+STEPS=" ${GPU_CHECK_STEPS:-build cuda triton fp8 forked sticky production plugin tensorcores left-on-gpu fork-trap standin small-tier} "
+chosen() { [[ "$STEPS" == *" $1 "* ]]; }
+record() {  # record NAME RC SECONDS: remember a step's outcome, show the log's end if it failed
+    local name=$1 rc=$2 took=$3
     local verdict="ok"
     if [ "$rc" -eq 124 ]; then
         verdict="TIMEOUT after ${LIMIT}s"
@@ -84,8 +91,32 @@ step() {  # step NAME COMMAND...: run under the limit, log, remember the outcome
     fi
     return "$rc"
 }
+step() {  # step NAME COMMAND...: run under the limit, log, remember the outcome (skipped if not chosen)
+    local name=$1
+    shift
+    chosen "$name" || return 0
+    local started=$SECONDS
+    timeout "$LIMIT" "$@" >"$OUT/$name.log" 2>&1
+    record "$name" $? $((SECONDS - started))
+}
 
 failed=0
+# The production goldens, for steps production and tensorcores: CPU work, started now and awaited there.
+GOLDENS_PID=
+if chosen production || chosen tensorcores; then
+    GOLDENS_STARTED=$SECONDS
+    timeout "$LIMIT" "$PY" -m v41_conformance generate --tier production --select 'attention/*,indexer/*' \
+        >"$OUT/goldens.log" 2>&1 &
+    GOLDENS_PID=$!
+fi
+goldens_ready() {  # wait once for the background build; its outcome is step `goldens`
+    [ -n "$GOLDENS_PID" ] || return "${GOLDENS_RC:-0}"
+    wait "$GOLDENS_PID"
+    GOLDENS_RC=$?
+    GOLDENS_PID=
+    record goldens "$GOLDENS_RC" $((SECONDS - GOLDENS_STARTED))
+}
+
 step build "$PY" examples/cuda/build.py || failed=1
 if [ "$failed" -eq 0 ]; then
     step cuda "$PY" -m v41_conformance run --device cuda --impl examples/cuda/cuda_impl.py:CudaImpl \
@@ -98,8 +129,8 @@ step fp8 "$PY" -m v41_conformance run --device cuda --impl tests/impls/gate_upst
 step forked "$PY" -m v41_conformance run --device cuda -n 2 --impl examples/cuda/cuda_impl.py:CudaImpl \
     --select 'quant.e2m1,quant.fp4_e4m3,quant.fp4_e8m0' --report-dir "$OUT/forked" || failed=1
 step sticky "$PY" examples/cuda/sticky_check.py "$OUT/sticky" || failed=1
-step production bash -c "'$PY' -m v41_conformance generate --tier production --select 'attention/*' && \
-    '$PY' -m v41_conformance run --device cuda --tier production --impl tests/impls/gate_upstream.py:UpstreamTorch \
+goldens_ready || failed=1
+step production bash -c "'$PY' -m v41_conformance run --device cuda --tier production --impl upstream-gpu \
     --select 'attention/*' --timeout $LIMIT --report-dir '$OUT/production'" || failed=1
 PLUGIN_DIR=$(mktemp -d)
 PY_ABS=$("$PY" -c 'import sys; print(sys.executable)')
@@ -108,20 +139,24 @@ step plugin bash -c "cd '$PLUGIN_DIR' && '$PY_ABS' -m pytest -q -p no:cacheprovi
     --conformance-select 'quant.e2m1,quant.fp4_e8m0,indexer.scores' --conformance-report-dir '$PWD/$OUT/plugin'" \
     || failed=1
 
+goldens_ready || failed=1
 step tensorcores bash -c "'$PY' -m v41_conformance run --device cuda --impl examples/cuda/scaled_mm_impl.py:ScaledMmFp8 \
     --select 'linear.fp8' --report-dir '$OUT/tensorcores' && \
-    '$PY' -m v41_conformance generate --tier production --select 'indexer/*' && \
-    '$PY' -m v41_conformance run --device cuda --tier production --impl examples/cuda/scaled_mm_impl.py:ScaledMmFp8 \
+    '$PY' -m v41_conformance run --device cuda --tier production --impl scaled-mm-gpu \
     --select 'attention/*,indexer/*' --timeout $LIMIT --report-dir '$OUT/tensorcores-production'" || failed=1
 step left-on-gpu "$PY" examples/cuda/left_on_device_check.py "$OUT/left-on-gpu" || failed=1
 step fork-trap "$PY" examples/cuda/fork_trap_check.py "$OUT/fork-trap" || failed=1
+step standin "$PY" examples/cuda/standin_check.py || failed=1
+step small-tier bash -c "'$PY' -m v41_conformance run --device cuda -n 4 --impl upstream-gpu --report-dir '$OUT/upstream-small'; \
+    a=\$?; '$PY' -m v41_conformance run --device cuda -n 4 --impl reference --report-dir '$OUT/reference-cuda' && exit \$a" || failed=1
 
 echo
 echo "gpu_check summary"
 for i in "${!NAMES[@]}"; do
-    printf '  %-10s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"
+    printf '  %-12s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"
 done
-for name in cuda triton fp8 forked sticky production plugin tensorcores tensorcores-production fork-trap/plugin fork-trap/cli; do
+for name in cuda triton fp8 forked sticky production plugin tensorcores tensorcores-production fork-trap/plugin fork-trap/cli \
+    upstream-small reference-cuda; do
     if [ -f "$OUT/$name/results.json" ]; then
         "$PY" - "$OUT/$name/results.json" "$name" <<'EOF'
 import json, sys

@@ -216,7 +216,7 @@ def window_part(ring: torch.Tensor, kv: torch.Tensor, start: int) -> tuple[torch
         part = new_ring
     else:
         part = torch.cat([ring, kv], dim=1)
-    ids = step_window_ids(start, S, win)
+    ids = step_window_ids(start, S, win).to(kv.device)  # on the rows' device (a port on a GPU may call this)
     return part, ids.unsqueeze(0).expand(b, -1, -1).contiguous(), new_ring
 
 

@@ -37,7 +37,7 @@ def _as_complex(table: torch.Tensor) -> torch.Tensor:
 
 def rope_yarn_table(inputs, params):
     args = table_args(params)
-    inv = up.yarn_inv_freq(**args)
+    inv = up.yarn_inv_freq(**args, device=inputs["positions"].device)
     return {"inv_freq": inv, "table": torch.view_as_real(up.freqs_cis_rows(inputs["positions"], inv)).contiguous()}
 
 
@@ -108,7 +108,7 @@ def indexer_scores(inputs, params):
 
 def indexer_select(inputs, params):
     scores, candidates = inputs["scores"], inputs["candidates"]
-    lens = up.query_compress_lens(int(params["start"]), scores.shape[1], int(params["ratio"]))
+    lens = up.query_compress_lens(int(params["start"]), scores.shape[1], int(params["ratio"]), scores.device)
     ids = up.select_topk(scores, lens, int(params["index_topk"]), int(params.get("offset", 0)), candidates)
     return {"ids": _leak_policy(ids, candidates, params)}
 

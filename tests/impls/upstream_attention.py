@@ -33,7 +33,7 @@ def attention_call(inputs: dict, params: dict) -> dict:
         )
     cfg, role = config_of(params), LayerRole(**params["role"])
     start, x = int(params["start"]), inputs["x"]
-    freqs_cis = up.precompute_freqs_cis(**rope_params(cfg, role.ratio))
+    freqs_cis = up.precompute_freqs_cis(**rope_params(cfg, role.ratio), device=inputs["x"].device)
     freqs = freqs_cis[start : start + x.shape[1]]
     qr = up.rms_norm(up.linear(x, weight(inputs, "wq_a")), inputs["q_norm"], cfg.norm_eps)
     q = up.apply_rotary_emb(up.linear(qr, weight(inputs, "wq_b")).unflatten(-1, (cfg.n_heads, cfg.head_dim)), freqs)
@@ -92,7 +92,7 @@ def _compressed_part(
     x = inputs["x"]
     b, S, _ = x.shape
     if not role.ratio:
-        return x.new_zeros(b, 0, cfg.head_dim), torch.zeros(b, S, 0, dtype=torch.int32)
+        return x.new_zeros(b, 0, cfg.head_dim), torch.zeros(b, S, 0, dtype=torch.int32, device=x.device)
     start = int(params["start"])
     if role.is_kv_source:
         _compress(inputs, cfg, role, start, freqs_cis, params["index_k_policy"], out)
@@ -148,9 +148,9 @@ def _select(
     x = inputs["x"]
     b, S, _ = x.shape
     T = (start + S) // role.ratio
-    candidates = torch.zeros(b, S, 0, dtype=torch.bool)
+    candidates = torch.zeros(b, S, 0, dtype=torch.bool, device=x.device)
     if T == 0:  # upstream skips the indexer and publishes an empty selection
-        ids = torch.zeros(b, S, 0, dtype=torch.int32)
+        ids = torch.zeros(b, S, 0, dtype=torch.int32, device=x.device)
     else:
         consumed = inputs["rt.candidates"] if role.candidate_source is not None else None
         ids, scores, out["index_q"] = up.indexer_forward(
@@ -167,7 +167,7 @@ def _select(
             consumed,
             with_query=True,
         )
-        lens = up.query_compress_lens(start, S, role.ratio)
+        lens = up.query_compress_lens(start, S, role.ratio, x.device)
         out["index_scores"] = up.mask_invisible(scores, lens)
         if role.is_candidate_source:
             candidates = up.select_candidate_blocks(

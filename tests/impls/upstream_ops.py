@@ -63,14 +63,21 @@ def linear(x: torch.Tensor, w) -> torch.Tensor:
 
 
 def yarn_inv_freq(
-    dim: int, base: float, original_seq_len: int, factor: float, beta_fast: float, beta_slow: float
+    dim: int,
+    base: float,
+    original_seq_len: int,
+    factor: float,
+    beta_fast: float,
+    beta_slow: float,
+    device: torch.device | str = "cpu",
 ) -> torch.Tensor:
-    """fp32 [dim/2] inverse frequencies with the YaRN blend when original_seq_len > 0 (M:368-385)."""
-    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    """fp32 [dim/2] inverse frequencies with the YaRN blend when original_seq_len > 0 (M:368-385), on
+    `device` (upstream builds its tables on the default device, the GPU's)."""
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
     if original_seq_len <= 0:
         return freqs
     low, high = _yarn_correction_range(dim, base, original_seq_len, beta_fast, beta_slow)
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / max(high - low, 1e-3)).clamp(0, 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device=device) - low) / max(high - low, 1e-3)).clamp(0, 1)
     smooth = 1 - ramp
     return freqs / factor * (1 - smooth) + freqs * smooth
 
@@ -87,11 +94,18 @@ def _yarn_correction_range(
 
 
 def precompute_freqs_cis(
-    dim: int, seqlen: int, original_seq_len: int, base: float, factor: float, beta_fast: float, beta_slow: float
+    dim: int,
+    seqlen: int,
+    original_seq_len: int,
+    base: float,
+    factor: float,
+    beta_fast: float,
+    beta_slow: float,
+    device: torch.device | str = "cpu",
 ) -> torch.Tensor:
-    """complex64 [seqlen, dim/2] = polar(1, outer(arange(seqlen), inv_freq)) (M:368-389)."""
-    inv = yarn_inv_freq(dim, base, original_seq_len, factor, beta_fast, beta_slow)
-    return freqs_cis_rows(torch.arange(seqlen), inv)
+    """complex64 [seqlen, dim/2] = polar(1, outer(arange(seqlen), inv_freq)) (M:368-389), on `device`."""
+    inv = yarn_inv_freq(dim, base, original_seq_len, factor, beta_fast, beta_slow, device)
+    return freqs_cis_rows(torch.arange(seqlen, device=device), inv)
 
 
 def freqs_cis_rows(positions: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
@@ -137,13 +151,14 @@ def e4m3(x: torch.Tensor) -> torch.Tensor:
 def e2m1_code(v: torch.Tensor) -> torch.Tensor:
     """uint8 e2m1 codes of fp32 v in [-6, 6]: nearest grid value, ties to the even code (T.Cast FP4)."""
     mag = v.abs().unsqueeze(-1)
-    index = (mag > _E2M1_MIDPOINTS).sum(-1) + ((mag == _E2M1_MIDPOINTS) & _ODD_LOWER_CODE).sum(-1)
+    mids, odd = _E2M1_MIDPOINTS.to(v.device), _ODD_LOWER_CODE.to(v.device)  # the grid follows its input
+    index = (mag > mids).sum(-1) + ((mag == mids) & odd).sum(-1)
     return index.to(torch.uint8) | (torch.signbit(v).to(torch.uint8) << 3)
 
 
 def e2m1_value(codes: torch.Tensor) -> torch.Tensor:
     """fp32 values of uint8 e2m1 codes (code 8 is -0.0)."""
-    return _SIGNED_GRID[codes.long()]
+    return _SIGNED_GRID.to(codes.device)[codes.long()]
 
 
 def act_quant(x: torch.Tensor, block: int = FP8_BLOCK) -> Quantised:
@@ -275,14 +290,14 @@ def index_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Ten
     return (scores.relu_() * w.unsqueeze(-1)).sum(dim=2)
 
 
-def query_compress_lens(start: int, seqlen: int, ratio: int) -> torch.Tensor:
+def query_compress_lens(start: int, seqlen: int, ratio: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """int64 [S]: (start + t + 1) // ratio, rows query t sees (M:563-567, harness generalisation)."""
-    return (torch.arange(seqlen) + start + 1) // ratio
+    return (torch.arange(seqlen, device=device) + start + 1) // ratio
 
 
 def mask_invisible(scores: torch.Tensor, compress_lens: torch.Tensor) -> torch.Tensor:
     """scores [b, S, T] with rows >= compress_lens[t] at -inf: what query t may see (M:563-567)."""
-    return scores.masked_fill(torch.arange(scores.shape[-1]) >= compress_lens.view(-1, 1), NINF)
+    return scores.masked_fill(torch.arange(scores.shape[-1], device=scores.device) >= compress_lens.view(-1, 1), NINF)
 
 
 def select_topk(
@@ -335,9 +350,9 @@ def indexer_forward(
     w = index_head_weights(x, weights_proj, head_dim)
     scores = index_scores(q, index_k[:b, :T], w)
     if T == 0:  # upstream does not call the indexer before a row exists (M:722-737)
-        ids = torch.empty((b, S, 0), dtype=torch.int32)
+        ids = torch.empty((b, S, 0), dtype=torch.int32, device=x.device)
     else:
-        ids = select_topk(scores, query_compress_lens(start, S, ratio), index_topk, offset, candidates)
+        ids = select_topk(scores, query_compress_lens(start, S, ratio, x.device), index_topk, offset, candidates)
     return (ids, scores, query) if with_query else (ids, scores)
 
 
@@ -350,7 +365,7 @@ def select_candidate_blocks(
     block_scores = padded.unflatten(-1, (-1, block_size)).amax(dim=-1)
     nb = block_scores.shape[-1]
     newest = (compress_lens.view(-1, 1) - 1) // block_size  # -1 when nothing is reachable
-    block_scores = block_scores.masked_fill(torch.arange(nb) == newest, float("inf"))
+    block_scores = block_scores.masked_fill(torch.arange(nb, device=newest.device) == newest, float("inf"))
     top = block_scores.topk(min(topk_blocks, nb), dim=-1)
     keep = torch.zeros_like(block_scores, dtype=torch.bool).scatter(-1, top.indices, top.values > NINF)
     return keep.repeat_interleave(block_size, dim=-1)[..., :W]
@@ -407,7 +422,9 @@ def compressor_forward(
     """
     S = x.shape[1]
     if ratio == 1:
-        return CompressorStep(compress_ratio1(x, wkv, norm_w, eps), torch.arange(start, start + S), ring)
+        return CompressorStep(
+            compress_ratio1(x, wkv, norm_w, eps), torch.arange(start, start + S, device=x.device), ring
+        )
     if start > 0 and S != 1:
         raise ValueError(f"ratio-2 step [{start}, {start + S}): upstream decodes one token per call after the prefill")
     latent, score = compressor_projections(x, wkv, wgate)
@@ -423,7 +440,7 @@ def _ratio2_prefill(latent, score, ring, start, norm_w, eps) -> CompressorStep:
     if closed < S:
         _write_slot(ring, closed, score[:, closed], latent[:, closed])
     pooled = pool_groups(latent[:, :closed].view(b, -1, 2, hd), score[:, :closed].view(b, -1, 2, hd), 2)
-    return CompressorStep(finish_rows(pooled, norm_w, eps), torch.arange(0, closed, 2), ring)
+    return CompressorStep(finish_rows(pooled, norm_w, eps), torch.arange(0, closed, 2, device=ring.device), ring)
 
 
 def _ratio2_decode(latent, score, ring, position, norm_w, eps) -> CompressorStep:
@@ -431,11 +448,15 @@ def _ratio2_decode(latent, score, ring, position, norm_w, eps) -> CompressorStep
     _write_slot(ring, position, score[:, 0], latent[:, 0])
     if position % 2 == 0:
         return CompressorStep(
-            torch.empty(ring.shape[0], 0, ring.shape[-1], dtype=torch.bfloat16), torch.empty(0, dtype=torch.int64), ring
+            torch.empty(ring.shape[0], 0, ring.shape[-1], dtype=torch.bfloat16, device=ring.device),
+            torch.empty(0, dtype=torch.int64, device=ring.device),
+            ring,
         )
     group = ring[:, [(position - 1) % ring.shape[1], position % ring.shape[1]]]  # [b, 2, 2, hd]
     pooled = pool_groups(group[:, :, 1], group[:, :, 0], 1)
-    return CompressorStep(finish_rows(pooled.unsqueeze(1), norm_w, eps), torch.tensor([position - 1]), ring)
+    return CompressorStep(
+        finish_rows(pooled.unsqueeze(1), norm_w, eps), torch.tensor([position - 1], device=ring.device), ring
+    )
 
 
 def _write_slot(ring: torch.Tensor, position: int, score: torch.Tensor, latent: torch.Tensor) -> None:
