@@ -43,6 +43,19 @@ from .reference.fp8_linear import BLOCK, Fp8Weight, derived, e4m3_value, weight_
 
 FP8_ACCUMULATOR_BITS = 14  # an H800's fp8 tensor core (DeepSeek-V3 technical report, §3.3.2)
 WALK = BLOCK**0.5  # the losses of a block's additions, as a random walk over its BLOCK additions
+# A bf16 GEMM on tensor cores multiplies exactly and accumulates in an fp32-wide adder that aligns each
+# group of products to the largest and truncates (Fasi et al., PeerJ CS 2021), in whatever K order the
+# library picks; CPU libraries round to nearest. An element that cancels (a small value, a large sum of
+# |terms|) moves by a few fp32 units (2^-24) of its sum of |terms|, far past the flat allowances the CPU
+# orders were calibrated on. The fp8 model's form with an fp32 accumulator, u x WALK = 11.3 units, twice:
+# 22.6. Measured with torch's own bf16 GEMM on an H200 (cuBLAS; examples/cuda/accumulation_check.py,
+# K 4096-5120): the worst element 4.4 units of 527,360, 6.2 of 1,054,720, 8.6 of 2,097,152 (99.99% of
+# them within 2.5): the worst grows with the output's size, as a truncating adder's one-signed losses
+# do, and the factor of two keeps outputs four times the production latent's clear. The CPU's (oneDNN)
+# worst at that shape: 0.1. First seen as the production attention case's ratio-1 compressor `latent`
+# (K = 5120), where the flat 2^-20 of max|expected| let two elements of 527,360 through (3.3 units).
+FP32_ACCUMULATOR_BITS = 24
+BF16_GEMM_ALLOWANCE = 2 * 2.0 ** (1 - FP32_ACCUMULATOR_BITS) * WALK
 ACC = ".acc"  # context suffix: `<output>.acc` holds A, the magnitude of the fp8 GEMM terms behind each element
 ACC_RMS = ".acc_rms"  # `<output>.acc_rms`: R, the blocks' magnitudes summed as independent errors
 

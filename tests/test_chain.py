@@ -153,7 +153,7 @@ def test_the_reference_passes_with_every_intermediate_and_nothing_rederived():
 
 FP32_P = [PlainSoftmax, attention_cores.TiledFp32P]  # P kept in fp32: the other rounding of o, everywhere
 CORES = [*FP32_P, attention_cores.Tiles128, attention_cores.OnePassBf16P]
-GEMMS = [gemm_orders.Fp8K128, gemm_orders.BlasBf16]
+GEMMS = [gemm_orders.Fp8K128, gemm_orders.BlasBf16, gemm_orders.Fp32Sequential]
 
 
 @pytest.mark.parametrize("gate", [*CORES, *GEMMS], ids=lambda c: c.__name__)

@@ -279,6 +279,7 @@ def test_registry_lists_gates_and_mutants_with_their_stages():
         "Fp8Tc14",
         "Fp8Tc14Aligned",
         "SplitKBf16",
+        "Bf16TcTruncating",
         "Fp32IndexLogits",
         "FlashMlaSparse",
         "SplitKvDecode",

@@ -37,6 +37,7 @@ REACH = {
     "Fp8Tc14": f"linear.fp8/*,indexer/r1-prefill-s21,{FP8_ATTENTION}",
     "Fp8Tc14Aligned": f"linear.fp8/*-4x256x64,linear.fp8/ragged-*,linear.fp8/saturating-*,linear.fp8/wq_a-*,{FP8_ATTENTION}",
     "SplitKBf16": f"indexer.weights/*,kv.finish/*,compressor/r2-a-*,{BF16_ATTENTION}",
+    "Bf16TcTruncating": f"indexer.weights/*,kv.finish/*,compressor/r1-*,compressor/r2-a-*,{BF16_ATTENTION}",
     "Fp32IndexLogits": f"indexer.scores/*,indexer/*,{BF16_ATTENTION}",
     "FlashMlaSparse": f"sparse_attn/*,{BF16_ATTENTION}",
     "SplitKvDecode": f"sparse_attn/*,{BF16_ATTENTION}",
@@ -74,6 +75,9 @@ MUTANTS = [
     (gpu_gates.MUTANTS["Fp8Tc14NoPromotion"], "linear.fp8/wq_a-production-*,linear.fp8/indexer-wq_b-*", "y"),
     (gpu_gates.MUTANTS["Fp8BlockSumsBf16"], "linear.fp8/wq_a-production-*", "y"),
     (gpu_gates.MUTANTS["Fp8BlockSumsBf16"], FP8_ATTENTION, "qr|kv"),
+    # next to the ratio-1 compressor's accumulation allowance (K = 5120): a running sum kept in bf16
+    (gpu_gates.MUTANTS["Bf16GemmBf16Accumulator"], "compressor/r1-production-*", "rows"),
+    (gpu_gates.MUTANTS["Bf16GemmBf16Accumulator"], BF16_ATTENTION, "qr"),
     (gpu_gates.MUTANTS["IndexLogitsHeadSumBf16"], "indexer.scores/production-heads-*", "scores"),
     # (not on the small attention cases: with 4 index heads a bf16 running sum is as precise as upstream's
     # per-head roundings, 0.5-1.2x its distance from the exact scores on 22-64 scores a step; it failed

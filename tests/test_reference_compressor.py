@@ -16,6 +16,7 @@ from v41_conformance.reference.compressor import (
     compressor_projections,
     compressor_run,
     compressor_step,
+    exact_step_rows,
     live_slots,
     new_ring,
     pending_state,
@@ -366,3 +367,42 @@ def test_bad_inputs_are_refused():
         compressor_step(X[:, :4], 0, new_ring(2, 8, 128), W1, 2)
     with pytest.raises(ValueError, match="prefill' or 'decode"):
         compressor_metadata("chunk", 0, 4, 2)
+
+
+def test_the_ratio1_rows_admit_a_gpus_accumulation_and_not_a_bf16_accumulator():
+    """exact_step_rows' accumulation allowance (harness/accumulation.py, BF16_GEMM_ALLOWANCE) at K = 5120:
+    the most cancelling element moved by what an H200's cuBLAS bf16 GEMM did (8.6 fp32 units of its sum of
+    |terms|, the worst of 2,097,152) passes, and needs the allowance; moved by a running sum kept in bf16
+    (tests/impls/gpu_arith.py, the Bf16GemmBf16Accumulator mutant's arithmetic) it fails."""
+    from gpu_arith import bf16_accumulator_matmul
+    from v41_conformance.accumulation import BF16_GEMM_ALLOWANCE
+    from v41_conformance.precision import as_precise
+    from v41_conformance.ulps import ulp_of
+
+    g = torch.Generator().manual_seed(5)
+    k, hd = 5120, 64
+    x = torch.randn(1, 16, k, generator=g).to(torch.bfloat16)
+    w = CompressorWeights(
+        (torch.randn(hd, k, generator=g) / k**0.5).to(torch.bfloat16), torch.ones(hd, dtype=torch.bfloat16)
+    )
+    exact_p = x[0].double() @ w.wkv.double().T
+    terms = x[0].double().abs() @ w.wkv.double().abs().T
+    i = int((terms / exact_p.abs()).argmax())  # the most cancelling element
+    row, ch = divmod(i, hd)
+
+    def rows(p: torch.Tensor) -> torch.Tensor:  # the reference's rows from a GEMM result p (fp32)
+        return rms_norm(p.to(torch.bfloat16)[None], w.norm_w, w.eps)
+
+    def share(actual: torch.Tensor, allowance: float) -> float:
+        exact, error = exact_step_rows(x, 0, None, w, 1, allowance)
+        expected = rows(exact_p.float())
+        context = {"rows.exact": exact, "rows.exact_error": error}
+        shares = as_precise("rows", expected, actual, ulp_of(expected, torch.bfloat16), context)
+        return float(shares[0, row, ch])
+
+    gpu = exact_p.clone()
+    gpu[row, ch] += 8.6 * 2.0**-24 * terms[row, ch] * torch.sign(exact_p[row, ch])
+    assert share(rows(gpu.float()), BF16_GEMM_ALLOWANCE) <= 1
+    assert share(rows(gpu.float()), 0.0) > 1  # the flat allowances alone would fail it
+    bf16_sum = bf16_accumulator_matmul(x[0], w.wkv).double()
+    assert share(rows(bf16_sum.float()), BF16_GEMM_ALLOWANCE) > 1

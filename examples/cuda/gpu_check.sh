@@ -34,6 +34,9 @@
 #      GPU accepts or refuses too;
 #  13. upstream's own torch arithmetic on the GPU (`upstream-gpu`) over every small-tier golden, and the reference itself with --device cuda (it computes on the CPU and hands its outputs
 #      back on the GPU, for a port that delegates a component): every supported case passes.
+#  14. this GPU's bf16 GEMM accumulation (examples/cuda/accumulation_check.py): torch's bf16 GEMM at the
+#      compressor's production shapes, each element's error beyond its rounding within the harness's
+#      allowance (harness/accumulation.py, BF16_GEMM_ALLOWANCE).
 # Each step runs under a time limit and logs to $OUT/<step>.log; a short summary comes last. The
 # production goldens (steps 7 and 9) are built on the CPU in the background from the start, so that
 # work overlaps the GPU steps before them (step `goldens`, logged like the others).
@@ -73,7 +76,7 @@ print(f"gpu_check: {torch.cuda.get_device_name(0)}, torch {torch.__version__} (C
 EOF
 
 declare -a NAMES RESULTS
-STEPS=" ${GPU_CHECK_STEPS:-build cuda triton fp8 forked sticky production plugin tensorcores left-on-gpu fork-trap standin small-tier} "
+STEPS=" ${GPU_CHECK_STEPS:-build cuda triton fp8 forked sticky production plugin tensorcores left-on-gpu fork-trap standin small-tier accumulation} "
 chosen() { [[ "$STEPS" == *" $1 "* ]]; }
 record() {  # record NAME RC SECONDS: remember a step's outcome, show the log's end if it failed
     local name=$1 rc=$2 took=$3
@@ -147,6 +150,7 @@ step tensorcores bash -c "'$PY' -m v41_conformance run --device cuda --impl exam
 step left-on-gpu "$PY" examples/cuda/left_on_device_check.py "$OUT/left-on-gpu" || failed=1
 step fork-trap "$PY" examples/cuda/fork_trap_check.py "$OUT/fork-trap" || failed=1
 step standin "$PY" examples/cuda/standin_check.py || failed=1
+step accumulation "$PY" examples/cuda/accumulation_check.py || failed=1
 step small-tier bash -c "'$PY' -m v41_conformance run --device cuda -n 4 --impl upstream-gpu --report-dir '$OUT/upstream-small'; \
     a=\$?; '$PY' -m v41_conformance run --device cuda -n 4 --impl reference --report-dir '$OUT/reference-cuda' && exit \$a" || failed=1
 

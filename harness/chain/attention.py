@@ -37,7 +37,7 @@ from typing import cast
 
 import torch
 
-from ..accumulation import gemm_terms, through_rms_norm, through_rope
+from ..accumulation import BF16_GEMM_ALLOWANCE, gemm_terms, through_rms_norm, through_rope
 from ..precision import EXACT, EXACT_ERROR
 from ..compare import OWN_PRE as OWN
 from ..reference import numerics as nx
@@ -473,7 +473,8 @@ class AttentionChain:
         compressor replayed from a fresh ring over the schedule's inputs, as the golden was written."""
         w, ratio = self._w(c).compressor, c.role.ratio
         assert w is not None  # a kv source
-        exact, error = exact_step_rows(self.x[c.layer, :, c.start : c.end], c.start, self._ring_before(c), w, ratio)
+        x = self.x[c.layer, :, c.start : c.end]
+        exact, error = exact_step_rows(x, c.start, self._ring_before(c), w, ratio, BF16_GEMM_ALLOWANCE)
         name = c.name("latent")
         return {name + EXACT: exact, name + EXACT_ERROR: error}
 

@@ -28,6 +28,7 @@ from ..reference import compressor as cp
 from ..registry import Component, OutputSpec, register
 from ..registry import ParamSpec as P
 from ..registry import TensorSpec as T
+from ..accumulation import BF16_GEMM_ALLOWANCE
 from ..precision import EXACT, EXACT_ERROR
 from ..stepnames import step_name, step_of
 from ..schedules import (
@@ -228,7 +229,7 @@ def _exact_rows(inputs, params):
     ring, context = inputs["ring"], {}
     for i, (start, end) in enumerate(params["schedule"]):
         x = step_inputs(inputs, i, int(start), int(end))["x"]
-        exact, error = cp.exact_step_rows(x, int(start), ring, weights, ratio)
+        exact, error = cp.exact_step_rows(x, int(start), ring, weights, ratio, BF16_GEMM_ALLOWANCE)
         context[step_name(i, "rows") + EXACT], context[step_name(i, "rows") + EXACT_ERROR] = exact, error
         ring = cp.compressor_step(x, int(start), ring, weights, ratio, check_capacity=False).ring
     return context

@@ -314,19 +314,29 @@ def finish_row(pooled: torch.Tensor, weights: CompressorWeights) -> torch.Tensor
 
 
 def exact_step_rows(
-    x_chunk: torch.Tensor, start: int, ring: torch.Tensor, weights: CompressorWeights, ratio: int
+    x_chunk: torch.Tensor,
+    start: int,
+    ring: torch.Tensor,
+    weights: CompressorWeights,
+    ratio: int,
+    accumulation: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 [b, G, hd] twice, for the rows `compressor_step` returns from the same arguments: each row's
     value with no rounding after the fp32 projections the ring holds (the pooling, the norm and, at ratio 1,
     the wkv accumulator exact), and how far the reference's own roundings may take its row from that: the
     bf16 cast before the norm (half a bf16 ulp of each pooled element through the norm, and its shift of
-    the norm's scale). An implementation that rounds less than the reference lies nearer the first
-    (docs/verdicts.md, "GPU arithmetic")."""
+    the norm's scale). At ratio 1 each element of the wkv GEMM may also move by `accumulation` x the sum
+    over K of |x_k w_k|, an implementation's own fp32 accumulation (the callers pass harness/accumulation.py's
+    BF16_GEMM_ALLOWANCE), carried through the norm the same way. An implementation that rounds less than
+    the reference lies nearer the first (docs/verdicts.md, "GPU arithmetic")."""
     check_ratio(ratio)
     _check_x(x_chunk, weights)
     end = start + x_chunk.shape[1]
     if ratio == 1:
         pooled = torch.nn.functional.linear(x_chunk.double(), weights.wkv.double())  # [b, n, hd], exact
+        if accumulation:
+            terms = torch.nn.functional.linear(x_chunk.double().abs(), weights.wkv.double().abs())
+            return _exact_norm(pooled, weights, accumulation * terms)
     else:
         ring = _written(ring, compressor_projections(x_chunk, weights), start)
         groups = [_pool_exact(group) for group in _completed(ring, start, end, ratio)]
@@ -341,17 +351,21 @@ def _pool_exact(group: torch.Tensor) -> torch.Tensor:
     return (group[:, :, LATENT].double() * scores).sum(dim=1)
 
 
-def _exact_norm(pooled: torch.Tensor, weights: CompressorWeights) -> tuple[torch.Tensor, torch.Tensor]:
+def _exact_norm(
+    pooled: torch.Tensor, weights: CompressorWeights, slack: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm of float64 pooled latents [..., hd] in float64, and the bound on what the reference's bf16
     cast of them before its norm moves each output: with p' = p + d (|d_i| <= h_i, half a bf16 ulp of
-    p_i), y_i = w_i p_i / r moves by at most |w_i| h_i / r + |y_i| (sum |p_i| h_i / sum p_i^2) to first
-    order, the second term the norm's scale r moving with every element. Second-order terms are at most
-    2^-8 of that (|d_i| <= 2^-8 |p_i|): the bound carries 2^-6 more."""
+    p_i, plus `slack`, what an implementation's accumulation may move p_i), y_i = w_i p_i / r moves by at
+    most |w_i| h_i / r + |y_i| (sum |p_i| h_i / sum p_i^2) to first order, the second term the norm's
+    scale r moving with every element. Second-order terms are at most 2^-8 of that (|d_i| <= 2^-8 |p_i| for
+    the cast; the slack, which may exceed a cancelling |p_i|, is far below the row's rms): the bound carries
+    2^-6 more."""
     w = weights.norm_w.double()
     square = pooled.square().mean(-1, keepdim=True)
     r = torch.sqrt(square + weights.eps)
     exact = w * pooled / r
-    h = ulp_of(pooled, torch.bfloat16) / 2
+    h = ulp_of(pooled, torch.bfloat16) / 2 + (0.0 if slack is None else slack)
     moved = (pooled.abs() * h).sum(-1, keepdim=True) / pooled.square().sum(-1, keepdim=True).clamp_min(1e-300)
     return exact, (w.abs() * h / r + exact.abs() * moved) * (1 + 2.0**-6)
 

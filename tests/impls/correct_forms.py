@@ -25,7 +25,11 @@ CORES = {
         for name in ("TiledFp32P", "Tiles128", "OnePassBf16P", "SinkColumn64", "SinkFactor64")
     },
 }
-ORDERS = {"Fp8K128": gemm_orders.Fp8K128, "BlasBf16": gemm_orders.BlasBf16}
+ORDERS = {
+    "Fp8K128": gemm_orders.Fp8K128,
+    "BlasBf16": gemm_orders.BlasBf16,
+    "Fp32Sequential": gemm_orders.Fp32Sequential,
+}
 # one internal rounding of the reference dropped at a time (P's is TiledFp32P's, among the cores)
 PRECISE = {
     "ExactHeadDots": precise_roundings.ExactHeadDots,
@@ -50,6 +54,7 @@ SPECS = {name: f"{IMPLS / _FILES[name]}:{MAKERS[name].__name__}" for name in MAK
 REACH = {
     **{name: ("sparse_attn", "attention") for name in CORES},
     "Fp8K128": ("linear.fp8", "attention", "indexer"),
+    "Fp32Sequential": ("compressor", "attention"),
     "ExactHeadDots": ("indexer", "indexer.scores", "attention"),
     "ExactHeadProducts": ("indexer", "indexer.scores", "attention"),
     "ExactPooledRow": ("compressor", "attention"),

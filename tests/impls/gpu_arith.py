@@ -255,6 +255,40 @@ def split_k_matmul(x: torch.Tensor, w: torch.Tensor, splits: int = 4, step: int 
     return total
 
 
+def tc_bf16_matmul(x: torch.Tensor, w: torch.Tensor, step: int = 16, bits: int = 24) -> torch.Tensor:
+    """fp32 [M, N] = x [M, K] @ w [N, K].T for bf16 x and w, as a tensor core accumulates when nothing is
+    rounded to nearest: each k-step's `step` exact products and the running sum aligned to the largest
+    of them and truncated toward zero at its 2^(e - bits + 1), summed exactly, the result truncated to
+    `bits` significant bits; K in order, one accumulator (no split).
+
+    Hardware fact: tensor cores add a group of products and the accumulator with one multi-operand adder
+    after aligning their significands to the largest exponent, truncating what falls off the end, and
+    normalise the result toward zero (Fasi, Higham, Mikaitis, Pranesh, "Numerical behavior of NVIDIA
+    tensor cores", PeerJ CS 2021). A truncating adder is biased, so its losses add up faster than an fp32
+    FMA's. Exact here: a product of bf16 values has 16 significant bits, each aligned term is an integer
+    multiple of the step below 2^bits, and 17 of them sum below 2^29."""
+    xd, wd = x.double(), w.double().T
+    s = torch.zeros(x.shape[0], w.shape[0], dtype=F64)
+    for g0 in range(0, x.shape[-1], step):
+        g1 = min(x.shape[-1], g0 + step)
+        terms = torch.cat([s[:, None, :], xd[:, g0:g1, None] * wd[None, g0:g1, :]], 1)  # [M, 1 + C, N]
+        largest = terms.abs().amax(1)
+        exponent = (largest.view(torch.int64) >> 52) - 1023
+        exponent = torch.where(largest > 0, exponent, torch.zeros_like(exponent))
+        unit = ((exponent - (bits - 1) + 1023) << 52).view(F64)
+        s = truncate_significant(torch.trunc(terms / unit[:, None, :]).sum(1) * unit, bits)
+    return s.float()
+
+
+def bf16_accumulator_matmul(x: torch.Tensor, w: torch.Tensor, step: int = 16) -> torch.Tensor:
+    """fp32 [M, N] = x @ w.T whose running sum is rounded to bf16 after every k-step of `step` products."""
+    xd, wd = x.double(), w.double().T
+    s = torch.zeros(x.shape[0], w.shape[0], dtype=F64)
+    for g0 in range(0, x.shape[-1], step):
+        s = (s + xd[:, g0 : g0 + step] @ wd[g0 : g0 + step]).to(BF16).double()
+    return s.float()
+
+
 # --- index logits ----------------------------------------------------------------------------------
 
 
@@ -611,6 +645,12 @@ class SplitKBf16(GpuGate):
     bf16_matmul = staticmethod(_split_k4)
 
 
+class Bf16TcTruncating(GpuGate):
+    """bf16 GEMMs (every bf16 Linear and wo_a) on tensor cores that align and truncate, K in one order."""
+
+    bf16_matmul = staticmethod(tc_bf16_matmul)
+
+
 class Fp32IndexLogits(GpuGate):
     """Index logits as DeepGEMM's MQA-logits kernels: fp32 throughout, one rounding to bf16."""
 
@@ -663,6 +703,13 @@ class Fp8Tc14NoPromotion(GpuGate):
     """BUG: the 14-bit tensor-core accumulator carried across all of K, never promoted to fp32."""
 
     fp8_accumulate = staticmethod(fp8_unpromoted)
+
+
+class Bf16GemmBf16Accumulator(GpuGate):
+    """BUG: bf16 GEMMs whose running sum is rounded to bf16 after every k-step (accumulated in the output's
+    dtype)."""
+
+    bf16_matmul = staticmethod(bf16_accumulator_matmul)
 
 
 class Fp8BlockSumsBf16(GpuGate):
@@ -737,6 +784,7 @@ GATES: dict[str, type] = {
         Fp8Tc14,
         Fp8Tc14Aligned,
         SplitKBf16,
+        Bf16TcTruncating,
         Fp32IndexLogits,
         FlashMlaSparse,
         SplitKvDecode,
@@ -749,6 +797,7 @@ GATES: dict[str, type] = {
 MUTANTS: dict[str, MutantSpec] = {
     "Fp8Tc14NoPromotion": MutantSpec(Fp8Tc14NoPromotion, "qr", {"linear.fp8": "y"}),
     "Fp8BlockSumsBf16": MutantSpec(Fp8BlockSumsBf16, "qr", {"linear.fp8": "y"}),
+    "Bf16GemmBf16Accumulator": MutantSpec(Bf16GemmBf16Accumulator, "qr", {"compressor": "rows"}),
     "IndexLogitsNoFp4Q": MutantSpec(IndexLogitsNoFp4Q, "index_scores", {"indexer": "scores"}),
     "IndexLogitsNoFp4K": MutantSpec(IndexLogitsNoFp4K, "index_k_rows", {"kv.finish": "index_k"}),
     "IndexLogitsHeadSumBf16": MutantSpec(

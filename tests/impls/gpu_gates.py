@@ -134,7 +134,7 @@ GATES = {name: on_reference(cls) for name, cls in ga.GATES.items()}
 MUTANTS = {
     name: on_reference(spec.cls)
     for name, spec in ga.MUTANTS.items()
-    if name in ("Fp8Tc14NoPromotion", "Fp8BlockSumsBf16", "IndexLogitsHeadSumBf16")
+    if name in ("Fp8Tc14NoPromotion", "Fp8BlockSumsBf16", "Bf16GemmBf16Accumulator", "IndexLogitsHeadSumBf16")
 }
 globals().update(GATES)
 globals().update(MUTANTS)

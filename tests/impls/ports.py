@@ -115,9 +115,9 @@ def act_quant_no_floor(x, block: int = up.FP8_BLOCK):
     return up.Quantised(y, q.view(torch.uint8).flatten(-2), up.e8m0_byte(scale))
 
 
-def yarn_without_ramp(dim, base, original_seq_len, factor, beta_fast, beta_slow):
+def yarn_without_ramp(dim, base, original_seq_len, factor, beta_fast, beta_slow, device="cpu"):
     """YaRN that divides every frequency by the factor."""
-    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
     return freqs / factor if original_seq_len > 0 else freqs
 
 
