@@ -41,6 +41,7 @@ GATES = [
     attention_cores.SinkFactor64,
     gemm_orders.Fp8K128,
     gemm_orders.BlasBf16,
+    gemm_orders.Fp32Sequential,
     precise_roundings.ExactHeadDots,
     precise_roundings.ExactHeadProducts,
     precise_roundings.ExactPooledRow,
