@@ -258,3 +258,67 @@ def test_device_cuda_without_a_gpu_is_a_usage_error(tmp_path, monkeypatch):
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert "--device cuda: no CUDA device is available" in proc.stderr and "--device cpu" in proc.stderr
         assert not (report / "results.json").exists()  # refused before anything ran
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# Stands in for a CUDA-enabled python in gpu_check.sh: every step's command is logged and succeeds, except
+# the sticky check (fails) and the goldens build (slow), so the script's own bookkeeping shows.
+case "$1" in
+  -c) case "$2" in *executable*) echo "$0";; esac; exit 0;;
+  -) cat >/dev/null; echo "fake GPU"; exit 0;;
+esac
+echo "$*" >> "$FAKE_LOG"
+case "$*" in *"generate --tier production"*) sleep 2;; *sticky_check*) exit 1;; esac
+exit 0
+"""
+
+
+def _gpu_check(tmp_path: Path, steps: str | None) -> tuple[subprocess.CompletedProcess, list[str]]:
+    fake, log = tmp_path / "python", tmp_path / "calls.log"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "FAKE_LOG": str(log), "GPU_CHECK_DIR": str(tmp_path / "out")}
+    if steps is not None:
+        env["GPU_CHECK_STEPS"] = steps
+    proc = subprocess.run(
+        ["bash", str(ROOT / "examples" / "cuda" / "gpu_check.sh")], env=env, capture_output=True, text=True, timeout=120
+    )
+    return proc, log.read_text().splitlines() if log.exists() else []
+
+
+def test_gpu_check_runs_every_step_builds_the_goldens_beside_them_and_reports_a_failed_one(tmp_path):
+    proc, calls = _gpu_check(tmp_path, None)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the sticky step failed
+    summary = proc.stdout[proc.stdout.index("gpu_check summary") :]
+    for step in (
+        "build",
+        "cuda",
+        "triton",
+        "fp8",
+        "forked",
+        "sticky",
+        "goldens",
+        "production",
+        "plugin",
+        "tensorcores",
+        "left-on-gpu",
+        "fork-trap",
+        "standin",
+        "small-tier",
+        "accumulation",
+    ):
+        assert f"  {step} " in summary, (step, summary)
+    assert "sticky       FAILED (exit 1)" in summary and "--- sticky: last lines" in proc.stdout
+    generates = [c for c in calls if "generate --tier production" in c]
+    assert len(generates) == 1 and calls.index(generates[0]) < 3  # once, from the start
+    assert any("--impl upstream-gpu" in c and "--tier production" in c for c in calls)
+    assert any("--impl scaled-mm-gpu" in c for c in calls)
+
+
+def test_gpu_check_reruns_the_steps_it_is_given(tmp_path):
+    proc, calls = _gpu_check(tmp_path, "production standin")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = proc.stdout[proc.stdout.index("gpu_check summary") :]
+    ran = [line.split()[0] for line in summary.splitlines()[1:] if " ok, " in line or "FAILED" in line]
+    assert ran == ["goldens", "production", "standin"], summary
+    assert not any("build.py" in c or "sticky_check" in c for c in calls)
