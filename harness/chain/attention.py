@@ -61,11 +61,12 @@ from ..reference.indexer import (
     indexer_query,
     select_topk,
 )
-from ..reference.numerics import linear_bf16, rms_norm
+from ..reference.numerics import exact_rms_norm, linear_bf16, rms_norm
 from ..reference.rope import apply_rotary
 from ..reference.runtime import SLOTS
 from ..reference.sparse_attn import sparse_attn
 from ..stepnames import layer_name, step_name
+from ..ulps import ulp_of
 from .candidates import rows_of_blocks
 from .digest import differing_rows
 from .stages import (
@@ -384,10 +385,18 @@ class AttentionChain:
 
     def _normed(self, c: Call, stage: str, weight, norm_w: torch.Tensor, width: int, rope: int) -> None:
         """qr = q_norm(wq_a(x)), kv = RoPE(kv_norm(wkv(x))): with an fp8 weight, each rederived row's
-        accumulation allowance carried through the norm and RoPE (harness/accumulation.py)."""
+        accumulation allowance carried through the norm and RoPE (harness/accumulation.py). qr from a bf16
+        weight is also judged for its precision, as the compressor's rows are (docs/verdicts.md): in a short
+        row one rounding of the GEMM's output the other way moves the norm's scale and with it a fifth of
+        the row's elements, each no less precise than the reference's."""
         cfg = self.cfg
-        acc = TermsContext(c.name(stage), self.b * c.S, (width,))
+        name = c.name(stage)
+        acc = TermsContext(name, self.b * c.S, (width,))
         judged = self._judged(c, stage)
+        variant = name in REDERIVED.get() or REUSE.get() is not None  # a variant is judged without it
+        precise = judged and not rope and not isinstance(weight, Fp8Weight) and not variant
+        exact = RowContext(name + EXACT, self.b * c.S, (width,), fill=float("nan"))
+        error = RowContext(name + EXACT_ERROR, self.b * c.S, (width,), fill=float("nan"))
 
         def compute(rows):
             x = self._x_rows(c, rows)
@@ -398,9 +407,17 @@ class AttentionChain:
                 out = apply_rotary(out[None], self._freqs(c, rows), rope)[0]
             if terms is not None:
                 acc.put(rows, through_rope(through_rms_norm(y, norm_w, terms, cfg.norm_eps), rope))
+            if precise:  # the GEMM's exact output; the reference rounds it to fp32, then to bf16
+                pre = torch.nn.functional.linear(x.double(), weight.double())
+                value, bound = exact_rms_norm(pre, norm_w, cfg.norm_eps, ulp_of(pre, torch.float32) / 2)
+                exact.put(rows, value)
+                error.put(rows, bound)
             return out
 
-        self._intermediate(c, stage, (self.b, c.S, width), torch.bfloat16, compute, (), extra=acc.extra)
+        def extra(rows=None, values=None):
+            return {**acc.extra(), **exact.extra(), **error.extra()}
+
+        self._intermediate(c, stage, (self.b, c.S, width), torch.bfloat16, compute, (), extra=extra)
 
     def _qr(self, c: Call) -> None:
         w = self._w(c)

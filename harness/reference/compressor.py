@@ -48,9 +48,8 @@ from typing import NamedTuple
 
 import torch
 
-from v41_conformance.reference.numerics import linear_bf16_acc, linear_f32, rms_norm
+from v41_conformance.reference.numerics import exact_rms_norm, linear_bf16_acc, linear_f32, rms_norm
 from v41_conformance.schedules import max_step, validate_schedule
-from v41_conformance.ulps import ulp_of
 
 SUPPORTED_RATIOS = (1, 2)
 SCORE, LATENT = 0, 1  # index of the (score, latent) axis of a ring slot
@@ -354,20 +353,8 @@ def _pool_exact(group: torch.Tensor) -> torch.Tensor:
 def _exact_norm(
     pooled: torch.Tensor, weights: CompressorWeights, slack: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm of float64 pooled latents [..., hd] in float64, and the bound on what the reference's bf16
-    cast of them before its norm moves each output: with p' = p + d (|d_i| <= h_i, half a bf16 ulp of
-    p_i, plus `slack`, what an implementation's accumulation may move p_i), y_i = w_i p_i / r moves by at
-    most |w_i| h_i / r + |y_i| (sum |p_i| h_i / sum p_i^2) to first order, the second term the norm's
-    scale r moving with every element. Second-order terms are at most 2^-8 of that (|d_i| <= 2^-8 |p_i| for
-    the cast; the slack, which may exceed a cancelling |p_i|, is far below the row's rms): the bound carries
-    2^-6 more."""
-    w = weights.norm_w.double()
-    square = pooled.square().mean(-1, keepdim=True)
-    r = torch.sqrt(square + weights.eps)
-    exact = w * pooled / r
-    h = ulp_of(pooled, torch.bfloat16) / 2 + (0.0 if slack is None else slack)
-    moved = (pooled.abs() * h).sum(-1, keepdim=True) / pooled.square().sum(-1, keepdim=True).clamp_min(1e-300)
-    return exact, (w.abs() * h / r + exact.abs() * moved) * (1 + 2.0**-6)
+    """`exact_rms_norm` of the pooled latents with the compressor's norm."""
+    return exact_rms_norm(pooled, weights.norm_w, weights.eps, slack)
 
 
 def compressor_oneshot(

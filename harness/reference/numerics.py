@@ -36,6 +36,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from v41_conformance.ulps import ulp_of
+
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 # The kernels multiply by fp32 reciprocals of the format maxima (K41:47, K41:138).
@@ -362,3 +364,22 @@ def _check_linear(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype, name: st
         raise ValueError(
             f"{name}: w must be [out, in] with in == x.shape[-1]; got x {tuple(x.shape)}, w {tuple(w.shape)}"
         )
+
+
+def exact_rms_norm(
+    pre: torch.Tensor, norm_w: torch.Tensor, eps: float, slack: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of float64 pre latents [..., hd] in float64, and the bound on what the reference's bf16
+    cast of them before its norm moves each output: with p' = p + d (|d_i| <= h_i, half a bf16 ulp of
+    p_i, plus `slack`, what an implementation's accumulation may move p_i), y_i = w_i p_i / r moves by at
+    most |w_i| h_i / r + |y_i| (sum |p_i| h_i / sum p_i^2) to first order, the second term the norm's
+    scale r moving with every element. Second-order terms are at most 2^-8 of that (|d_i| <= 2^-8 |p_i| for
+    the cast; the slack, which may exceed a cancelling |p_i|, is far below the row's rms): the bound carries
+    2^-6 more."""
+    w = norm_w.double()
+    square = pre.square().mean(-1, keepdim=True)
+    r = torch.sqrt(square + eps)
+    exact = w * pre / r
+    h = ulp_of(pre, torch.bfloat16) / 2 + (0.0 if slack is None else slack)
+    moved = (pre.abs() * h).sum(-1, keepdim=True) / pre.square().sum(-1, keepdim=True).clamp_min(1e-300)
+    return exact, (w.abs() * h / r + exact.abs() * moved) * (1 + 2.0**-6)
