@@ -331,30 +331,23 @@ def exact_step_rows(
     check_ratio(ratio)
     _check_x(x_chunk, weights)
     end = start + x_chunk.shape[1]
+    slack = None
     if ratio == 1:
         pooled = torch.nn.functional.linear(x_chunk.double(), weights.wkv.double())  # [b, n, hd], exact
         if accumulation:
-            terms = torch.nn.functional.linear(x_chunk.double().abs(), weights.wkv.double().abs())
-            return _exact_norm(pooled, weights, accumulation * terms)
+            slack = accumulation * torch.nn.functional.linear(x_chunk.double().abs(), weights.wkv.double().abs())
     else:
         ring = _written(ring, compressor_projections(x_chunk, weights), start)
         groups = [_pool_exact(group) for group in _completed(ring, start, end, ratio)]
         hd = weights.head_dim
         pooled = torch.stack(groups, 1) if groups else torch.empty(x_chunk.shape[0], 0, hd, dtype=torch.float64)
-    return _exact_norm(pooled, weights)
+    return exact_rms_norm(pooled, weights.norm_w, weights.eps, slack)
 
 
 def _pool_exact(group: torch.Tensor) -> torch.Tensor:
     """`pool_group` in float64 without its final rounding: fp32 [b, r, 2, hd] -> float64 [b, hd]."""
     scores = torch.softmax(group[:, :, SCORE].double(), dim=1)
     return (group[:, :, LATENT].double() * scores).sum(dim=1)
-
-
-def _exact_norm(
-    pooled: torch.Tensor, weights: CompressorWeights, slack: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`exact_rms_norm` of the pooled latents with the compressor's norm."""
-    return exact_rms_norm(pooled, weights.norm_w, weights.eps, slack)
 
 
 def compressor_oneshot(

@@ -369,8 +369,8 @@ def _check_linear(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype, name: st
 def exact_rms_norm(
     pre: torch.Tensor, norm_w: torch.Tensor, eps: float, slack: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm of float64 pre latents [..., hd] in float64, and the bound on what the reference's bf16
-    cast of them before its norm moves each output: with p' = p + d (|d_i| <= h_i, half a bf16 ulp of
+    """RMSNorm in float64 of float64 values `pre` [..., hd] (a GEMM's exact output, a pooled latent), and
+    the bound on what the reference's bf16 cast of them before its norm moves each output: with p' = p + d (|d_i| <= h_i, half a bf16 ulp of
     p_i, plus `slack`, what an implementation's accumulation may move p_i), y_i = w_i p_i / r moves by at
     most |w_i| h_i / r + |y_i| (sum |p_i| h_i / sum p_i^2) to first order, the second term the norm's
     scale r moving with every element. Second-order terms are at most 2^-8 of that (|d_i| <= 2^-8 |p_i| for

@@ -130,12 +130,18 @@ def block_sum_aligned(a: torch.Tensor, w: torch.Tensor, bits: int = TC_BITS) -> 
     Mikaitis, Pranesh, "Numerical behavior of NVIDIA tensor cores", PeerJ CS 2021); for fp8 on an
     H800 the width is about 14 bits (DeepSeek-V3 report, §3.3.2). The model aligns all 32 products of
     a block (one wgmma k-step of 32 fp8 values) against a zero accumulator."""
-    products = a[:, :, None] * w[None, :, :]  # [R, C, N], exact
-    largest = products.abs().amax(1)  # [R, N]
+    return aligned_sum(a[:, :, None] * w[None, :, :], bits)  # products [R, C, N], exact
+
+
+def aligned_sum(terms: torch.Tensor, bits: int) -> torch.Tensor:
+    """float64 terms [R, C, N] summed over C as a multi-operand adder sums them: each aligned to the largest
+    one's exponent e and truncated toward zero at 2^(e - bits + 1), so the largest keeps `bits` significant
+    bits; the aligned terms, integers of that unit, then summed exactly. -> [R, N]."""
+    largest = terms.abs().amax(1)  # [R, N]
     exponent = (largest.view(torch.int64) >> 52) - 1023  # floor(log2) of a normal double
     exponent = torch.where(largest > 0, exponent, torch.zeros_like(exponent))
-    step = ((exponent - (bits - 1) + 1023) << 52).view(F64)  # 2^(exponent - bits + 1): the last bit kept
-    return torch.trunc(products / step[:, None, :]).sum(1) * step  # integers < 2^19: the sum is exact
+    unit = ((exponent - (bits - 1) + 1023) << 52).view(F64)  # 2^(exponent - bits + 1): the last bit kept
+    return torch.trunc(terms / unit[:, None, :]).sum(1) * unit
 
 
 def _tiles(m: int, n: int, per_element: int = 1):
@@ -272,11 +278,7 @@ def tc_bf16_matmul(x: torch.Tensor, w: torch.Tensor, step: int = 16, bits: int =
     for g0 in range(0, x.shape[-1], step):
         g1 = min(x.shape[-1], g0 + step)
         terms = torch.cat([s[:, None, :], xd[:, g0:g1, None] * wd[None, g0:g1, :]], 1)  # [M, 1 + C, N]
-        largest = terms.abs().amax(1)
-        exponent = (largest.view(torch.int64) >> 52) - 1023
-        exponent = torch.where(largest > 0, exponent, torch.zeros_like(exponent))
-        unit = ((exponent - (bits - 1) + 1023) << 52).view(F64)
-        s = truncate_significant(torch.trunc(terms / unit[:, None, :]).sum(1) * unit, bits)
+        s = truncate_significant(aligned_sum(terms, bits), bits)
     return s.float()
 
 
