@@ -376,7 +376,7 @@ def _compare_tolerant(
         beyond = torch.where(finite, beyond, torch.zeros_like(beyond))
     err_norm = float(beyond.norm())
     rel_l2: float | None = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
-    precision = precision_against_exact(name, e, a, finite, context)
+    precision = precision_against_exact(name, e, a, finite, context, ulp)
     logit = logit_scale_error(name, e, a, ulp, finite, context)
     max_ulps: float | None = float(ulps.max()) if ulps.numel() else 0.0
     counted = expected.numel() if finite is None else int(finite.sum())
@@ -585,12 +585,14 @@ def _error_summary(
         why.append(
             f"{n_diff} element(s) differ, fewer than {STATISTIC_BASE}: x sqrt({STATISTIC_BASE}/n), at most 1 ulp"
         )
-    rel = f"rel L2 {rel_l2:.3g} (allowed {allowed:.3g}" + (f" {', '.join(why)})" if why else ")")
+    rel = f"rel L2 {rel_l2:.3g} (allowed {allowed:.3g}" + (f": {'; '.join(why)})" if why else ")")
     if precision is not None:
+        own = f"the reference's own {precision['reference_l2']:.3g}"
+        if precision["one_rounding_l2"] > precision["reference_l2"]:  # the reference happened to land close
+            own = f"what one rounding of each element is expected to carry, {precision['one_rounding_l2']:.3g} ({own})"
         rel += (
             f", nor as precise: L2 distance from the exact value {precision['exact_l2']:.3g}, "
-            f"{precision['exact_ratio']:.3g}x the reference's own {precision['reference_l2']:.3g} (allowed "
-            f"{margin:.3g}x)"
+            f"{precision['exact_ratio']:.3g}x {own} (allowed {margin:.3g}x)"
         )
     over = f" over the {counted} element(s) finite on both sides" if mask_failures else ""
     share = f"{100 * diff_fraction:.3g}% of elements differ"

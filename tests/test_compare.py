@@ -359,6 +359,32 @@ def test_the_precision_margin_of_a_small_output_follows_its_count():
     assert not compare_output("s", expected, far, policy, context).ok
 
 
+def test_a_reference_that_lands_close_by_luck_does_not_set_the_precision_bar():
+    """A decode step's 5 index scores (attention fuzz seed 36, index 1942; three are ReLU zeros): the
+    reference happened to land 0.1 ulp from the exact value, and a form with per-head dot products kept in
+    fp32 (ExactHeadDots) lands 2 ulps away, within what the reference's own roundings may do there (the
+    head terms reach 2.04 and cancel). Its distance is judged against the larger of the reference's and what
+    one rounding of each element is expected to carry (RMS ulp / sqrt(12)); the reference x (1 + 2^-6) and
+    an answer beyond the element's reach still fail."""
+    policy = Policy("bf16", ulps=1, rel_l2=2**-9, precision=True)
+    expected = torch.tensor([0.0, 0.0, 0.0, -0.9453125, -0.26171875], dtype=torch.bfloat16)
+    context = {
+        "s.exact": torch.tensor([0.0, 0.0, 0.0, -0.9453353881835938, -0.2621002197265625], dtype=torch.float64),
+        "s.exact_error": torch.tensor([4.6e-41, 4.6e-41, 4.6e-41, 0.022309303283691406, 0.003172636032104492]),
+    }
+    precise = torch.tensor([0.0, 0.0, 0.0, -0.9375, -0.26171875], dtype=torch.bfloat16)
+    verdict = compare_output("s", expected, precise, policy, context)
+    assert verdict.ok, verdict.message
+    metrics = verdict.metrics
+    assert metrics["exact_l2"] / metrics["reference_l2"] > 20  # the ratio the reference's luck gave
+    assert metrics["one_rounding_l2"] > metrics["reference_l2"] and metrics["exact_ratio"] < 8
+    scaled = (expected.double() * (1 + 2**-6)).to(torch.bfloat16)
+    verdict = compare_output("s", expected, scaled, policy, context)
+    assert not verdict.ok and "what one rounding of each element is expected to carry" in verdict.message
+    far = torch.tensor([0.0, 0.0, 0.0, -0.9140625, -0.26171875], dtype=torch.bfloat16)  # 0.031: beyond 0.022
+    assert not compare_output("s", expected, far, policy, context).ok
+
+
 def test_rel_l2_over_a_few_differing_elements_of_a_large_output_decides_no_more_than_they_do():
     """4 of 160 index scores one ulp off (a form with one rounding fewer, fuzz seed 35, index 54): rel L2 is a
     statistic over those 4, so its allowance is that of 4 elements; a bias over every element still fails."""
