@@ -17,7 +17,9 @@ the edge). Failures are listed with the command that re-creates them.
 --forms adds every attention core (PlainSoftmax, TiledFp32P, Tiles128, OnePassBf16P, the float64 sink
 column and sink factor), the GEMM orders (Fp8K128, BlasBf16) and the forms that drop one internal
 rounding (ExactHeadDots, ExactHeadProducts, ExactPooledRow, ExactZ), each on the components it changes.
---progress N prints the tally every N cases of a component (long runs).
+--progress N prints the tally every N cases of a component (long runs). --indices 46,47,84 judges those
+draws instead of a contiguous range (re-checking the draws a new check reaches). Where an output carries
+the logit-scale check (sparse_attn's o), the table adds the worst |z| in spreads (the limit is 6).
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=40, help="cases per component (default 40)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--start", type=int, default=0, help="first draw index (shards: --start 0 and --start N)")
+    parser.add_argument(
+        "--indices", default="", help="comma-separated draw indices instead of --start/--cases (re-checking draws)"
+    )
     parser.add_argument("--progress", type=int, default=0, help="a tally line every N cases of a component")
     parser.add_argument("--select", action="append", default=[], help="component patterns (default: all)")
     parser.add_argument("--gpu", action="store_true", help="the GPU-arithmetic gates too (tests/impls/gpu_gates.py)")
@@ -80,14 +85,16 @@ def main() -> None:
     tally: dict[tuple[str, str], Counter] = defaultdict(Counter)
     worst: dict[tuple[str, str, str], float] = defaultdict(float)
     share: dict[tuple[str, str, str], float] = defaultdict(float)
+    scale_z: dict[tuple[str, str], float] = defaultdict(float)
     failures: list[str] = []
     started = time.perf_counter()
     seconds: Counter = Counter()
     patterns = [p for item in args.select for p in item.split(",") if p]
+    indices = [int(i) for i in args.indices.split(",") if i] or list(range(args.start, args.start + args.cases))
     for name, space in selected_spaces(patterns).items():
         component = get(name)
         began = time.perf_counter()
-        for index in range(args.start, args.start + args.cases):
+        for index in indices:
             case = draw(space, args.seed, index)
             try:
                 golden = build_golden(case.spec, config)
@@ -109,6 +116,8 @@ def main() -> None:
                         worst[key] = max(worst[key], float(verdict["bound_used"]))
                     if verdict.get("diff_fraction") is not None:
                         share[key] = max(share[key], float(verdict["diff_fraction"]))
+                    if verdict.get("logit_scale_z") is not None:  # the logit-scale check's spreads
+                        scale_z[(name, gate_name)] = max(scale_z[(name, gate_name)], abs(verdict["logit_scale_z"]))
                 if result.status not in ("pass", "unsupported"):
                     first = (result.message or "").splitlines()[:2]
                     print(f"# FAILED {gate_name} {case.spec.id} (index {index}): {result.status}", flush=True)
@@ -117,13 +126,13 @@ def main() -> None:
                         f"    conformance fuzz --impl {GATES[gate_name]} --seed {args.seed} "
                         f"--index {index} --select {name}"
                     )
-            if args.progress and (index + 1 - args.start) % args.progress == 0:
+            if args.progress and (indices.index(index) + 1) % args.progress == 0:
                 _progress(name, time.perf_counter() - began, tally)
         seconds[name] += time.perf_counter() - began
         _progress(name, seconds[name], tally)
     elapsed = time.perf_counter() - started
     print(
-        f"{args.cases} fresh case(s) per component (draws {args.start}-{args.start + args.cases - 1}), seed {args.seed}, "
+        f"{len(indices)} fresh case(s) per component (draws {_span(indices)}), seed {args.seed}, "
         f"{elapsed:.0f} s; seconds per component: " + ", ".join(f"{n} {t:.0f}" for n, t in seconds.most_common())
     )
     print(
@@ -146,9 +155,15 @@ def main() -> None:
             f"{name:20s} {gate_name:15s} {t['pass']:5d} {t['fail']:5d} {other:5d} "
             + " ".join(f"{t[d.column]:6d}" for d in DIFFERENCES)
             + f"  {used}"
+            + (f"; worst |logit-scale z| {scale_z[(name, gate_name)]:.2f}" if (name, gate_name) in scale_z else "")
         )
     for failure in failures:
         print(f"\nFAILED {failure}")
+
+
+def _span(indices: list[int]) -> str:
+    contiguous = indices == list(range(indices[0], indices[0] + len(indices))) if indices else True
+    return f"{indices[0]}-{indices[-1]}" if indices and contiguous else ",".join(map(str, indices))
 
 
 if __name__ == "__main__":

@@ -20,8 +20,10 @@ model counts two roundings where it has one), a one-pass bf16-P core 0.34; a sca
 spread (lanes' roundings independent across a row's elements) underestimates: a row of 7 lanes under
 a sink of 40 once put a correct core at 6.3 spreads of it (the fuzz, seed 35, index 1522).
 Inside `attention` it does not apply: `o` is re-derived there from the implementation's `qr` through
-the reference's wq_b GEMM, and the implementation's own GEMM error on q reads as a logit scale (a
-14-bit fp8 accumulator reached 8.3 spreads on a fresh decode step).
+the reference's wq_b GEMM, and the implementation's own GEMM error on q reads as a logit scale. With
+q's roundings counted in the spread, a 14-bit truncating fp8 accumulator still reads 8.1-8.3 spreads on
+the production prefill: it shrinks q by c = -8e-5, a bias and not a spread, 0.75 of a bf16 scale's
+(docs/verdicts.md, "The logit scale").
 """
 
 from __future__ import annotations

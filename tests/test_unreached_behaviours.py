@@ -35,7 +35,8 @@ RESTORE_LAST_ROW = [
     "candidates.restore/last-row-lab-full-mask",
     "candidates.restore/last-row-mask-form-s4-w12-b4-offset5",
 ]
-NEW = {ATTENTION_T1, *INDEXER_T1, *RESTORE_LAST_ROW}
+FUZZ_T1 = ["attention/fuzz-s36-1942-p2-d1x12-fixed"]  # promoted later, from the fuzz: a prefill of 2 at ratio 2
+NEW = {ATTENTION_T1, *INDEXER_T1, *RESTORE_LAST_ROW, *FUZZ_T1}
 
 
 def judge(impl, case_id: str):
