@@ -1,5 +1,6 @@
-"""Sparse attention's scale check (the `sparse_attn` component, whose q is the implementation's input): an error of `o` along the direction a logit scale moves it, measured
-against what the probabilities' own roundings can put there (docs/verdicts.md, "The logit scale").
+"""Sparse attention's scale check (the `sparse_attn` component, and `attention`'s `o` given your `q`): an
+error of `o` along the direction a logit scale moves it, measured against what the probabilities' own
+roundings can put there (docs/verdicts.md, "The logit scale").
 
 A correct attention core may round P to bf16 or not, against one max or a running one, in float64 or
 fp32: each lane's probability then differs from the reference's by up to one bf16 rounding, in no
@@ -19,10 +20,10 @@ model counts two roundings where it has one), a one-pass bf16-P core 0.34; a sca
 (1 - 1.1e-4) reaches 4.2 on those, 6.8 on `sparse_attn/logit-scale-d512-h16-m16-k128`. An element-wise
 spread (lanes' roundings independent across a row's elements) underestimates: a row of 7 lanes under
 a sink of 40 once put a correct core at 6.3 spreads of it (the fuzz, seed 35, index 1522).
-Inside `attention` it does not apply: `o` is re-derived there from the implementation's `qr` through
-the reference's wq_b GEMM, and the implementation's own GEMM error on q reads as a logit scale. With
-q's roundings counted in the spread, a 14-bit truncating fp8 accumulator still reads 8.1-8.3 spreads on
-the production prefill: it shrinks q by c = -8e-5, a bias and not a spread, 0.75 of a bf16 scale's
+Inside `attention` it applies where `o` is judged given the implementation's own `q` (returned as an
+intermediate), on a step of MIN_ROWS (query, head) rows or more. Re-derived from its `qr` instead, the
+implementation's own GEMM error on q reads as a logit scale: a 14-bit truncating fp8 accumulator
+shrinks q by c = -8e-5 on the production prefill, a bias and not a spread, 0.75 of a bf16 scale's
 (docs/verdicts.md, "The logit scale").
 """
 
@@ -36,6 +37,10 @@ import torch
 from .ulps import ulp_of
 
 
+# Inside `attention` the check counts a step's judged (query, head) rows: below this many it does not apply
+# (a statistic over a handful of rows decides nothing; a step of the small tier has 168 at most, which
+# cannot resolve a bf16 scale anyway).
+MIN_ROWS = 256
 DIRECTION = ".logit_scale"  # context suffix: d, the direction a logit scale moves each element
 SPREAD = ".logit_spread"  # and sigma_i, the spread the probabilities' roundings give each element
 Z_LIMIT = 6.0

@@ -10,7 +10,9 @@ intermediates and without them). `make test` leaves them out.
   the two index forms pass the production indexer cases);
 - every mutant of tests/impls/wrong_kernels.py fails at the stage that holds its bug, and without its
   intermediates still fails (the block-size bug included: the window rows' boundary allowance is
-  the element's own, not its block's).
+  the element's own, not its block's);
+- a softmax scale held in bf16 fails at the prefill's `o`, judged given its own `q`, as a scale of the
+  logits.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from v41_conformance.runner import CaseResult, _execute, _judge
 from impls import attention_cores, gemm_orders, gpu_arith, precise_roundings, wrong_kernels
 from impls.gate_float64 import Float64
 from impls.gate_upstream import UpstreamTorch
-from impls.wrong_attention import PlainSoftmax
+from impls.wrong_attention import PlainSoftmax, ScaleBf16
 
 pytestmark = pytest.mark.production
 CASE = "attention/production-p1030-d1x4-upstream"
@@ -95,6 +97,18 @@ def test_each_bug_fails_at_its_stage_on_the_production_case(production, mutant):
     stage = wrong_kernels.FP8_STAGES.get(mutant, wrong_kernels.MUTANTS[mutant])  # the case holds the fp8 checkpoint
     assert given.first_divergent_stage.rsplit(".", 1)[-1] == stage, given.first_divergent_stage
     assert bare.status == "fail", (mutant.__name__, "absorbed without intermediates")
+
+
+def test_a_softmax_scale_held_in_bf16_fails_at_o_given_its_q_on_the_production_case(production):
+    """The prefill's 65,920 (query, head) rows resolve a scale of 1 - 1.1e-4 from P's roundings, with o
+    judged given the implementation's own q (docs/verdicts.md, "The logit scale"); the small tier's
+    attention steps cannot."""
+    given, _ = run_once(production, ScaleBf16())
+    assert given.status == "fail" and given.first_divergent_stage == "s00.l0.o", given.first_divergent_stage
+    assert "the error is a scale of the logits: s00.l0.o moves as if every logit were times 1 - 0.000" in given.message
+    metrics = given.outputs["s00.l0.o"]
+    assert metrics["given"][0] == "q" and abs(metrics["logit_scale"] + 1.1e-4) < 1e-5, metrics
+    assert metrics["logit_scale_z"] < -6, metrics
 
 
 # --- GPU arithmetic (docs/verdicts.md, "GPU arithmetic") ----------------------------------------------

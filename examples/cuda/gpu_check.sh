@@ -15,7 +15,7 @@
 #      run --device cuda with upstream's own torch arithmetic returning its intermediates (the
 #      `upstream-gpu` entry of conformance.yaml: torch.topk on a GPU breaks ties in CUDA's order, so
 #      selections are judged as sets): every output is judged along the chain (docs/verdicts.md)
-#      given the GPU's own values;
+#      given the GPU's own values, the prefill's `o` given its own `q` with the logit-scale check;
 #   8. the pytest plugin (harness/pytest_cases.py) from an empty folder, as a team's own suite runs
 #      it: pytest --conformance-impl <the Triton example> --conformance-device cuda;
 #   9. fp8 GEMMs on the GPU's own tensor cores (examples/cuda/scaled_mm_impl.py: torch._scaled_mm per

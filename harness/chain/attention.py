@@ -10,7 +10,9 @@ One call's stages, in order, with the decision each value is the input of:
     index_k_pre    RoPE(k_norm(wk(latent)))             the index keys' fp4 QDQ (key owners)
     index_q        RoPE(idx.wq_b(qr))                   the index query's fp4 round trip
     index_scores   visible scores of fp4(index_q)       top-k, candidate blocks
-    o              sparse attention, inverse RoPE       (continuous: judged by sparse_attn's policy)
+    q              RoPE(wq_b(qr))                       (continuous: the softmax's logits)
+    o              sparse attention, inverse RoPE       (continuous: judged by sparse_attn's policy, and
+                                                        given your q, its logit-scale check)
     z              wo_a(o)                              act_quant of wo_b's input (fp8)
     out            wo_b(z)
 
@@ -38,6 +40,7 @@ from typing import cast
 import torch
 
 from ..accumulation import BF16_GEMM_ALLOWANCE, gemm_terms, through_rms_norm, through_rope
+from ..logit_scale import DIRECTION, MIN_ROWS, SPREAD, scale_context
 from ..precision import EXACT, EXACT_ERROR
 from ..compare import OWN_PRE as OWN
 from ..reference import numerics as nx
@@ -91,14 +94,17 @@ from .stages import (
 
 NINF = float("-inf")
 FP8_BLOCK = 32
+SCALE_CHUNK = 64  # query rows per logit-scale context: their gathered lanes in float64 stay near 200 MB
 
 # What to return when a stage's difference cannot be attributed: stage -> (intermediate, why). The
-# first three cross act_quant only with the fp8 checkpoint; with bf16 weights they are continuous.
-FP8_ONLY = ("out", "o", "index_q")
+# stages here cross act_quant only with the fp8 checkpoint (o through q); with bf16 weights they are
+# continuous.
+FP8_ONLY = ("out", "q", "o", "index_q")
 HINTS = {
     "out": ("z", "wo_b's input: its act_quant turns one ulp of z into a whole fp8 step of out"),
     "z": ("o", "wo_a's input"),
-    "o": ("qr", "wq_b's input: its act_quant turns one ulp of qr into an fp8 step of the query"),
+    "q": ("qr", "wq_b's input: its act_quant turns one ulp of qr into an fp8 step of the query"),
+    "o": ("q", "sparse attention's query: your GEMM's own error on it moves o, and reads as a logit scale"),
     "index_q": ("qr", "the indexer's wq_b input: its act_quant turns one ulp of qr into an fp8 step"),
     "index_scores": ("index_q", "the index query before its fp4 round trip"),
     "compressed_ids": ("index_scores", "the scores your top-k ranked"),
@@ -242,6 +248,7 @@ class AttentionChain:
             self._index_path(c)
         elif role.ratio:
             self._reused_ids(c)
+        self._q(c)
         self._o(c)
         self._z(c)
         self._out(c)
@@ -729,28 +736,72 @@ class AttentionChain:
         seen = self.caches[c.layer] if c.role.is_kv_source else _full(c.given["kv_seen"])
         return torch.cat([part, seen[bi, :T]])
 
+    def _q(self, c: Call) -> None:
+        """Sparse attention's query, wq_b of the given qr then RoPE: judged as index_q is (with an fp8
+        wq_b, its accumulation allowance)."""
+        w, cfg = self._w(c), self.cfg
+        h, hd = cfg.n_heads, cfg.head_dim
+        accumulation = TermsContext(c.name("q"), self.b * c.S, (h, hd))
+        judged = self._judged(c, "q")
+
+        def compute(rows):
+            qr = c.given["qr"].rows(rows)
+            terms = gemm_terms(qr, w.wq_b) if judged else None
+            if terms is not None:
+                accumulation.put(rows, through_rope(terms.map(lambda t: t.unflatten(-1, (h, hd))), cfg.rope_head_dim))
+            q = project(qr, w.wq_b).unflatten(-1, (h, hd))
+            return apply_rotary(q[None], self._freqs(c, rows), cfg.rope_head_dim)[0]  # [n, h, hd]
+
+        self._intermediate(c, "q", (self.b, c.S, h, hd), torch.bfloat16, compute, ("qr",), extra=accumulation.extra)
+
     def _o(self, c: Call) -> None:
+        """o given the query: where it is your own, with the logit-scale check of sparse attention
+        (harness/logit_scale.py) on a step of MIN_ROWS (query, head) rows or more; where it is the
+        reference's of your qr, without (your own GEMM's error on q would read as a logit scale)."""
         w, cfg = self._w(c), self.cfg
         h, hd, rd = cfg.n_heads, cfg.head_dim, cfg.rope_head_dim
         lanes = step_window_ids(c.start, c.S, cfg.window_size)
+        name = c.name("o")
+        # a step of fewer rows never carries the check (nor its context: a diagnosis screen samples rows)
+        checked = self._judged(c, "o") and c.given["q"].own and self.b * c.S * h >= MIN_ROWS
+        direction = RowContext(name + DIRECTION, self.b * c.S, (h, hd))
+        spread = RowContext(name + SPREAD, self.b * c.S, (h, hd))
 
         def compute(rows):
-            q = project(c.given["qr"].rows(rows), w.wq_b).unflatten(-1, (h, hd))
+            q = c.given["q"].rows(rows)  # [n, h, hd]
             freqs = self._freqs(c, rows)
-            q = apply_rotary(q[None], freqs, rd)[0]  # [n, h, hd]
             ids_given = c.given.get("compressed_ids")
             comp = ids_given.rows(rows) if ids_given is not None else torch.zeros(rows.numel(), 0, dtype=torch.int32)
             ids = torch.cat([lanes[rows % c.S], comp.to(torch.int32)], -1)
             out = torch.empty(rows.numel(), h, hd, dtype=torch.bfloat16)
+            scaled = checked and rows.numel() * h >= MIN_ROWS  # the comparator's context, not the stand-in's value
+            along = torch.zeros(rows.numel(), h, hd, dtype=torch.float64)
             for bi in torch.unique(rows // c.S).tolist():
                 mine = (rows // c.S) == bi
                 kv = self._kv_all(c, bi)
                 out[mine] = sparse_attn(q[mine][None], kv[None], w.attn_sink, ids[mine][None], cfg.softmax_scale)[0]
+                for part in mine.nonzero().flatten().split(SCALE_CHUNK) if scaled else ():
+                    found = scale_context(
+                        name, q[part][None], kv[None], w.attn_sink, ids[part][None], cfg.softmax_scale
+                    )
+                    along[part] = found[name + DIRECTION][0]
+                    spread.put(rows[part], found[name + SPREAD][0])
+            if scaled:  # o is rotated back: so is the direction it moves along (a row's spread stays)
+                direction.put(rows, apply_rotary(along[None], freqs, rd, inverse=True)[0])
             return apply_rotary(out[None], freqs, rd, inverse=True)[0]
 
-        inputs = ("qr", "kv", "window_rows") + (("compressed_ids",) if c.role.ratio else ())
+        inputs = ("q", "kv", "window_rows") + (("compressed_ids",) if c.role.ratio else ())
         cache = ("cache" if c.role.is_kv_source else "kv_seen",) if c.role.ratio else ()
-        self._intermediate(c, "o", (self.b, c.S, h, hd), torch.bfloat16, compute, inputs, reads=("ring_before", *cache))
+        self._intermediate(
+            c,
+            "o",
+            (self.b, c.S, h, hd),
+            torch.bfloat16,
+            compute,
+            inputs,
+            (lambda rows, values: {**direction.extra(), **spread.extra()}) if checked else None,
+            reads=("ring_before", *cache),
+        )
 
     def _z(self, c: Call) -> None:
         w, cfg = self._w(c), self.cfg

@@ -210,6 +210,7 @@ def _intermediates(res, role: LayerRole) -> dict:
         "index_k_pre": d.get("index_k_pre"),
         "index_q": d.get("index_q"),
         "index_scores": d.get("visible_scores"),
+        "q": d["q"],
         "o": d["o"],
         "z": d["z"],
     }
@@ -396,6 +397,16 @@ INTERMEDIATES = (
         feeds="the top-k and the candidate blocks",
         terms="{prefix}index_scores_terms",
         precision=True,
+    ),
+    OutputSpec(
+        "q",
+        "bf16",
+        "sparse attention's query: wq_b of qr, after RoPE",
+        "bf16",
+        "b S h hd",
+        pre_tail=ROPE_TAIL,
+        feeds="sparse attention's logits (no decision: judged as index_q is)",
+        accumulates=True,
     ),
     OutputSpec(
         "o",

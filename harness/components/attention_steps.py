@@ -103,7 +103,7 @@ def intermediate_names(role: LayerRole) -> tuple[str, ...]:
         names.append("index_k_pre")
     if role.is_index_source:
         names += ["index_q", "index_scores"]
-    return (*names, "o", "z")
+    return (*names, "q", "o", "z")
 
 
 def recorded_names(role: LayerRole) -> tuple[str, ...]:

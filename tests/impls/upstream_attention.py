@@ -42,7 +42,7 @@ def attention_call(inputs: dict, params: dict) -> dict:
     )
     kv = up.act_quant(kv_pre).y
     window_kv, window_ids, window = window_part(inputs["window"], kv, start)
-    out = {"window": window, "window_ids": window_ids, "qr": qr, "kv": kv_pre}
+    out = {"window": window, "window_ids": window_ids, "qr": qr, "kv": kv_pre, "q": q}
     compressed_kv, compressed_ids = _compressed_part(inputs, params, cfg, role, qr, freqs_cis, window_kv.shape[1], out)
     o = up.sparse_attn(
         q,
