@@ -76,10 +76,10 @@ def test_attention_with_fp8_weights_fails_where_act_quant_is_skipped(tmp_path):
     for case in doc["cases"]:
         fp8_case = "-fp8-" in case["id"]
         assert case["status"] == ("fail" if fp8_case else "pass"), case["id"]
-        if fp8_case:  # each stage with an fp8 Linear inside fails: qr (wq_a), kv (wkv), o (wq_b), out (wo_b)
+        if fp8_case:  # each stage with an fp8 Linear inside fails: qr (wq_a), kv (wkv), q (wq_b), out (wo_b)
             assert case["first_divergent_step"] == 0 and case["first_divergent_stage"] == "s00.l0.qr"
             failing = {n for n, m in case["outputs"].items() if not m["ok"]}
-            assert {"s00.l0.qr", "s00.l0.kv", "s00.l0.o", "s00.l0.out", "s00.l1.index_q"} <= failing, sorted(failing)
+            assert {"s00.l0.qr", "s00.l0.kv", "s00.l0.q", "s00.l0.out", "s00.l1.index_q"} <= failing, sorted(failing)
             assert not any(n.endswith(".z") for n in failing)  # wo_a is bf16: z is right given the o
     proc, doc = _run(tmp_path, f"{IMPLS}/wrong_fp8.py:BareAttentionSkipsActQuant", "attention/a-fp8-*")
     for case in doc["cases"]:  # without intermediates: window rows and every layer's output
