@@ -94,7 +94,7 @@ def main() -> None:
     for name, space in selected_spaces(patterns).items():
         component = get(name)
         began = time.perf_counter()
-        for index in indices:
+        for done, index in enumerate(indices, 1):
             case = draw(space, args.seed, index)
             try:
                 golden = build_golden(case.spec, config)
@@ -126,7 +126,7 @@ def main() -> None:
                         f"    conformance fuzz --impl {GATES[gate_name]} --seed {args.seed} "
                         f"--index {index} --select {name}"
                     )
-            if args.progress and (indices.index(index) + 1) % args.progress == 0:
+            if args.progress and done % args.progress == 0:
                 _progress(name, time.perf_counter() - began, tally)
         seconds[name] += time.perf_counter() - began
         _progress(name, seconds[name], tally)

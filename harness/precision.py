@@ -12,6 +12,7 @@ import torch
 
 EXACT = ".exact"  # context suffix: `<output>.exact` holds the output's exact value before its roundings
 EXACT_ERROR = ".exact_error"  # and `<output>.exact_error` how far the reference's own roundings may take it
+ONE_ROUNDING_RMS = 12**-0.5  # the RMS of a round-to-nearest error, in ulps: uniform over [-1/2, 1/2]
 
 
 def as_precise(
@@ -62,9 +63,6 @@ def precision_against_exact(
     judged = max(reference, floor)
     ratio = mine / judged if judged > 0 else (1.0 if mine == 0 else float("inf"))
     return {"exact_l2": mine, "reference_l2": reference, "one_rounding_l2": floor, "exact_ratio": ratio}
-
-
-ONE_ROUNDING_RMS = 12**-0.5  # the RMS of a round-to-nearest error, in ulps: uniform over [-1/2, 1/2]
 
 
 def without_exact(context: Mapping[str, torch.Tensor], name: str) -> Mapping[str, torch.Tensor]:

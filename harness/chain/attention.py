@@ -117,6 +117,12 @@ HINTS = {
 }
 
 
+def _head_terms(qr: torch.Tensor, weight, heads: int, dim: int, rope_dim: int):
+    """A query projection's fp8 GEMM term magnitudes by head, carried through its RoPE (None: a bf16 weight)."""
+    terms = gemm_terms(qr, weight)
+    return None if terms is None else through_rope(terms.map(lambda t: t.unflatten(-1, (heads, dim))), rope_dim)
+
+
 @dataclass
 class Call:
     """One (step, layer) call and what the chain knows of it so far."""
@@ -587,9 +593,8 @@ class AttentionChain:
 
         def query(rows):
             qr = c.given["qr"].rows(rows)
-            terms = gemm_terms(qr, w.indexer.wq_b) if judged else None
-            if terms is not None:
-                query_acc.put(rows, through_rope(terms.map(lambda t: t.unflatten(-1, (H, D))), cfg.rope_head_dim))
+            if judged:
+                query_acc.put(rows, _head_terms(qr, w.indexer.wq_b, H, D, cfg.rope_head_dim))
             return indexer_query(qr[None], w.indexer.wq_b, H, self._freqs(c, rows), cfg.rope_head_dim)[0]
 
         self._intermediate(c, "index_q", (self.b, c.S, H, D), torch.bfloat16, query, ("qr",), extra=query_acc.extra)
@@ -746,9 +751,8 @@ class AttentionChain:
 
         def compute(rows):
             qr = c.given["qr"].rows(rows)
-            terms = gemm_terms(qr, w.wq_b) if judged else None
-            if terms is not None:
-                accumulation.put(rows, through_rope(terms.map(lambda t: t.unflatten(-1, (h, hd))), cfg.rope_head_dim))
+            if judged:
+                accumulation.put(rows, _head_terms(qr, w.wq_b, h, hd, cfg.rope_head_dim))
             q = project(qr, w.wq_b).unflatten(-1, (h, hd))
             return apply_rotary(q[None], self._freqs(c, rows), cfg.rope_head_dim)[0]  # [n, h, hd]
 
